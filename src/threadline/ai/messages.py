@@ -1,0 +1,157 @@
+"""Provider-neutral conversation data.
+
+These structs are what entries carry and what every provider converts to and
+from. They are msgspec structs: immutable (``frozen``), keyword-only, tagged
+so a JSON object names its own kind, and excluded from the cyclic garbage
+collector (``gc=False``) because they never form cycles; loading a session of
+100,000 messages then costs no GC pauses.
+
+Schema rules (stored data outlives the code): a new field always has a
+default; a field's type never changes; defaults are omitted when encoding, so
+old readers and new writers agree on everything both know.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "AssistantContent",
+    "AssistantMessage",
+    "ImagePart",
+    "Message",
+    "StopReason",
+    "TextPart",
+    "ThinkingPart",
+    "ToolCall",
+    "ToolResultMessage",
+    "Usage",
+    "UserContent",
+    "UserMessage",
+]
+
+StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted"]
+
+
+class _Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
+            tag_field="type"):
+    pass
+
+
+class TextPart(_Part, tag="text"):
+    text: str
+
+
+class ImagePart(_Part, tag="image"):
+    """An image, base64-encoded, with its MIME type (``image/png``...)."""
+
+    data: str
+    mime_type: str
+
+
+class ThinkingPart(_Part, tag="thinking"):
+    """Model reasoning. ``signature`` is the provider's opaque token that lets the
+    same provider verify the block when it is sent back; ``redacted`` marks
+    encrypted reasoning whose text is in ``signature`` only."""
+
+    thinking: str
+    signature: str | None = None
+    redacted: bool = False
+    provider: str | None = None
+
+
+class ToolCall(_Part, tag="tool_call"):
+    id: str
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+UserContent: TypeAlias = TextPart | ImagePart
+AssistantContent: TypeAlias = TextPart | ThinkingPart | ToolCall
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens + self.output_tokens + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
+               tag_field="role"):
+    pass
+
+
+class UserMessage(_Message, tag="user"):
+    content: tuple[UserContent, ...]
+
+    @classmethod
+    def of(cls, text: str, *images: ImagePart) -> UserMessage:
+        """A user message from plain text, optionally followed by images."""
+        return cls(content=(TextPart(text=text), *images))
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+class AssistantMessage(_Message, tag="assistant"):
+    content: tuple[AssistantContent, ...] = ()
+    model: str = ""
+    provider: str = ""
+    api: str = ""
+    usage: Usage = Usage()
+    stop_reason: StopReason = "stop"
+    error_message: str | None = None
+    response_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(p for p in self.content if isinstance(p, ToolCall))
+
+
+class ToolResultMessage(_Message, tag="tool_result"):
+    """The result of one tool call.
+
+    ``synthesized`` is set when the library wrote the result itself (a run was
+    aborted, or crash repair found a call with no result): ``"aborted"`` or
+    ``"interrupted"``. ``details`` is structured data for the application; it
+    is stored but never sent to a model.
+    """
+
+    tool_call_id: str
+    tool_name: str
+    content: tuple[UserContent, ...] = ()
+    is_error: bool = False
+    synthesized: Literal["aborted", "interrupted"] | None = None
+    details: Any = None
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage

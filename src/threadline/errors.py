@@ -1,0 +1,181 @@
+"""The one error tree of threadline.
+
+Every exception the library raises on purpose derives from ``ThreadlineError``.
+Backend exceptions (``OSError``, ``sqlite3.Error``, ``psycopg.Error``, SDK
+errors) are translated where they cross into threadline and chained with
+``from`` so the original stays visible in tracebacks.
+
+::
+
+    ThreadlineError
+    +-- ConfigError                  bad store URL, bad option, missing API key
+    +-- StoreError                   anything a Store reports
+    |   +-- SessionNotFound
+    |   +-- SessionExists
+    |   +-- InvalidSessionId
+    |   +-- CorruptLog               a stored line/row that cannot be decoded
+    |   +-- DurabilityError          fsync/commit failed; the handle is poisoned
+    |   +-- CopyConflict             copy_sessions found a different destination
+    +-- ModelError                   anything a LanguageModel reports
+    |   +-- AuthenticationError
+    |   +-- RateLimitError           .retry_after seconds when the provider says
+    |   +-- ContextOverflowError
+    |   +-- TransientProviderError   5xx, overloaded, connection reset
+    +-- ToolError                    bad tool definition
+    +-- AgentError                   misuse of an agent
+        +-- NoLoopError              run() on an agent opened with no factory
+        +-- EntryNotFound            branch()/get() with an unknown entry id
+        +-- SubprocessError          an external agent CLI misbehaved
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "AuthenticationError",
+    "ConfigError",
+    "ContextOverflowError",
+    "CopyConflict",
+    "CorruptLog",
+    "DurabilityError",
+    "EntryNotFound",
+    "InvalidSessionId",
+    "ModelError",
+    "NoLoopError",
+    "RateLimitError",
+    "SessionExists",
+    "SessionNotFound",
+    "StoreError",
+    "SubprocessError",
+    "ThreadlineError",
+    "ToolError",
+    "TransientProviderError",
+]
+
+
+class ThreadlineError(Exception):
+    """Root of every error threadline raises on purpose."""
+
+
+class ConfigError(ThreadlineError):
+    """A setting, URL or argument the library cannot use."""
+
+
+class StoreError(ThreadlineError):
+    """A store could not do what was asked. ``session_id`` names the session when known."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class SessionNotFound(StoreError):
+    def __init__(self, session_id: str, where: str = "") -> None:
+        suffix = f" in {where}" if where else ""
+        super().__init__(f"session {session_id!r} not found{suffix}", session_id=session_id)
+
+
+class SessionExists(StoreError):
+    def __init__(self, session_id: str, where: str = "") -> None:
+        suffix = f" in {where}" if where else ""
+        super().__init__(f"session {session_id!r} already exists{suffix}", session_id=session_id)
+
+
+class InvalidSessionId(StoreError):
+    """The id cannot be stored (empty, or not a string)."""
+
+
+class CorruptLog(StoreError):
+    """A stored record cannot be decoded. Names the file (or table) and line (or row)."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        session_id: str | None = None,
+        path: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        where = path or "<store>"
+        if line is not None:
+            where = f"{where} line {line}"
+        super().__init__(f"{where}: {detail}", session_id=session_id)
+        self.path = path
+        self.line = line
+        self.detail = detail
+
+
+class DurabilityError(StoreError):
+    """A write could not be made durable.
+
+    After an fsync failure the kernel may already have dropped the dirty pages,
+    so retrying would report success for data that is not on disk. The handle
+    that saw the failure refuses every later append.
+    """
+
+
+class CopyConflict(StoreError):
+    """``copy_sessions`` found a destination session whose content differs from the source."""
+
+
+class ModelError(ThreadlineError):
+    """A language model call failed. ``provider`` and ``model`` say which."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.model = model
+        self.status_code = status_code
+
+
+class AuthenticationError(ModelError):
+    pass
+
+
+class RateLimitError(ModelError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, model=model, status_code=status_code)
+        self.retry_after = retry_after
+
+
+class ContextOverflowError(ModelError):
+    pass
+
+
+class TransientProviderError(ModelError):
+    pass
+
+
+class ToolError(ThreadlineError):
+    """A tool definition is unusable (bad schema, unsupported signature)."""
+
+
+class AgentError(ThreadlineError):
+    """An agent was used in a way it cannot serve."""
+
+
+class NoLoopError(AgentError):
+    pass
+
+
+class EntryNotFound(AgentError):
+    pass
+
+
+class SubprocessError(AgentError):
+    pass
