@@ -19,11 +19,16 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
+from threadline.agent.loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny, run
 
 __all__ = [
+    "AfterToolCall",
     "AgentEnd",
     "AgentEvent",
+    "AgentLoop",
     "AgentStart",
+    "BeforeToolCall",
+    "Deny",
     "Loop",
     "MessageEnd",
     "MessageStart",
@@ -33,4 +38,5 @@ __all__ = [
     "ToolExecutionUpdate",
     "TurnEnd",
     "TurnStart",
+    "run",
 ]

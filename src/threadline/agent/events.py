@@ -14,6 +14,11 @@ Order of one run (invariants, tested)::
       ( MessageStart(tool result) MessageEnd(tool result) )*   in call order
       TurnEnd )*
     AgentEnd                                      always last, exactly once
+
+When tools run in parallel, the per-call ``ToolExecution*`` sequences
+interleave: starts come in call order, updates and ends as the tools progress.
+A call that never ran (aborted first) has a result message but no execution
+events. Each assistant message's tool calls get exactly one result each.
 """
 
 from __future__ import annotations

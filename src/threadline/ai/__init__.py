@@ -37,6 +37,8 @@ from threadline.ai.model import (
     ToolCallStart,
     ToolSpec,
 )
+from threadline.ai.registry import get_model
+from threadline.ai.tools import Progress, Tool, ToolResult, tool
 
 __all__ = [
     "AssistantContent",
@@ -47,6 +49,7 @@ __all__ = [
     "LanguageModel",
     "Message",
     "ModelInfo",
+    "Progress",
     "ReasoningEffort",
     "Request",
     "StartEvent",
@@ -61,13 +64,17 @@ __all__ = [
     "ThinkingEnd",
     "ThinkingPart",
     "ThinkingStart",
+    "Tool",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallEnd",
     "ToolCallStart",
+    "ToolResult",
     "ToolResultMessage",
     "ToolSpec",
     "Usage",
     "UserContent",
     "UserMessage",
+    "get_model",
+    "tool",
 ]

@@ -40,18 +40,18 @@ class _Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=Fa
     pass
 
 
-class TextPart(_Part, tag="text"):
+class TextPart(_Part, frozen=True, tag="text"):
     text: str
 
 
-class ImagePart(_Part, tag="image"):
+class ImagePart(_Part, frozen=True, tag="image"):
     """An image, base64-encoded, with its MIME type (``image/png``...)."""
 
     data: str
     mime_type: str
 
 
-class ThinkingPart(_Part, tag="thinking"):
+class ThinkingPart(_Part, frozen=True, tag="thinking"):
     """Model reasoning. ``signature`` is the provider's opaque token that lets the
     same provider verify the block when it is sent back; ``redacted`` marks
     encrypted reasoning whose text is in ``signature`` only."""
@@ -62,7 +62,7 @@ class ThinkingPart(_Part, tag="thinking"):
     provider: str | None = None
 
 
-class ToolCall(_Part, tag="tool_call"):
+class ToolCall(_Part, frozen=True, tag="tool_call"):
     id: str
     name: str
     arguments: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -101,7 +101,7 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     pass
 
 
-class UserMessage(_Message, tag="user"):
+class UserMessage(_Message, frozen=True, tag="user"):
     content: tuple[UserContent, ...]
 
     @classmethod
@@ -114,7 +114,7 @@ class UserMessage(_Message, tag="user"):
         return "".join(p.text for p in self.content if isinstance(p, TextPart))
 
 
-class AssistantMessage(_Message, tag="assistant"):
+class AssistantMessage(_Message, frozen=True, tag="assistant"):
     content: tuple[AssistantContent, ...] = ()
     model: str = ""
     provider: str = ""
@@ -133,7 +133,7 @@ class AssistantMessage(_Message, tag="assistant"):
         return tuple(p for p in self.content if isinstance(p, ToolCall))
 
 
-class ToolResultMessage(_Message, tag="tool_result"):
+class ToolResultMessage(_Message, frozen=True, tag="tool_result"):
     """The result of one tool call.
 
     ``synthesized`` is set when the library wrote the result itself (a run was

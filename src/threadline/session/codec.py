@@ -7,7 +7,8 @@ bytes in a column, so a session copied between stores stays byte-identical.
 Decoding is strict about what it knows and lenient about what it does not:
 a known ``type`` with bad fields is an error (``CorruptLog``); an unknown
 ``type`` becomes an ``OpaqueEntry`` and an unregistered custom kind keeps its
-raw payload, both written back unchanged.
+raw payload, both written back unchanged. A ``session_init`` line from a newer
+format version is refused up front rather than misread line by line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import msgspec
 
 from threadline.errors import CorruptLog
 from threadline.session.entries import (
+    _MISSING_TIMESTAMP,
     FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,
@@ -29,6 +31,7 @@ from threadline.session.entries import (
     MessageEntry,
     OpaqueEntry,
     SessionRecord,
+    _decoding,
     _registered,
 )
 
@@ -110,6 +113,14 @@ def decode_init(
             f"expected a session_init line, got {_preview(line)} ({exc})",
             session_id=session_id, path=path, line=lineno,
         ) from exc
+    if init.version > FORMAT_VERSION:
+        # A newer writer changed the format in a way this reader cannot follow;
+        # refusing here beats failing (or misreading) somewhere mid-log.
+        raise CorruptLog(
+            f"session format version {init.version} is newer than this threadline "
+            f"reads ({FORMAT_VERSION}); upgrade threadline to open it",
+            session_id=init.id, path=path, line=lineno,
+        )
     return SessionRecord(id=init.id, parent_id=init.parent_id, created_at=init.created_at)
 
 
@@ -118,6 +129,7 @@ def decode_entry(
     lineno: int | None = None,
 ) -> Entry:
     """Decode one line. ``path`` and ``lineno`` only shape the error message."""
+    _decoding.active = True
     try:
         entry = _entry_decoder.decode(line)
     except msgspec.ValidationError as exc:
@@ -133,6 +145,13 @@ def decode_entry(
             f"not valid JSON: {_preview(line)} ({exc})",
             session_id=session_id, path=path, line=lineno,
         ) from exc
+    finally:
+        _decoding.active = False
+    if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
+        raise CorruptLog(
+            f"expected an entry with an id and a timestamp, got {_preview(line)}",
+            session_id=session_id, path=path, line=lineno,
+        )
     if type(entry) is CustomEntry:
         cls = _registered(entry.kind)
         if cls is not None:
@@ -145,6 +164,10 @@ def decode_entry(
                     session_id=session_id, path=path, line=lineno,
                 ) from exc
             entry = msgspec.structs.replace(entry, data=data)
+        else:
+            # A decoded Raw is a view into the input; copy it so one unregistered
+            # entry does not keep a whole session file's buffer alive.
+            entry = msgspec.structs.replace(entry, data=entry.data.copy())
     return entry  # type: ignore[no-any-return]
 
 

@@ -88,6 +88,12 @@ def _visible(entries: Sequence[Entry]) -> list[Message]:
     return out
 
 
+def _is_empty(m: AssistantMessage) -> bool:
+    # An aborted stream can leave a text block that never got a character;
+    # providers reject such a message as much as one with no content at all.
+    return all(isinstance(p, TextPart) and not p.text for p in m.content)
+
+
 def normalize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
     """Place exactly one result right after each assistant message's tool calls.
 
@@ -106,7 +112,7 @@ def normalize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
                 slot[0][slot[1]] = m
             continue
         if isinstance(m, AssistantMessage):
-            if not m.content or m.stop_reason == "error":
+            if m.stop_reason == "error" or _is_empty(m):
                 continue
             out.append(m)
             calls = m.tool_calls

@@ -13,6 +13,7 @@ as raw JSON bytes. ``FORMAT_VERSION`` sits in every ``session_init`` line.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -46,6 +47,23 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# While the codec decodes a stored line, a missing header field must not be
+# filled in: an invented id would differ on every load and cut the entry off
+# from its children, an invented timestamp would lie. The header defaults then
+# yield these markers and the codec reports the line as corrupt.
+_decoding = threading.local()
+_MISSING_ID = ""
+_MISSING_TIMESTAMP = datetime.min.replace(tzinfo=UTC)
+
+
+def _default_id() -> str:
+    return _MISSING_ID if getattr(_decoding, "active", False) else new_id()
+
+
+def _default_timestamp() -> datetime:
+    return _MISSING_TIMESTAMP if getattr(_decoding, "active", False) else utcnow()
+
+
 class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Existence and fork lineage of a session. Written once, never updated.
 
@@ -60,18 +78,18 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class _Header(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
               tag_field="type"):
-    id: str = msgspec.field(default_factory=new_id)
+    id: str = msgspec.field(default_factory=_default_id)
     parent_id: str | None = None
-    timestamp: datetime = msgspec.field(default_factory=utcnow)
+    timestamp: datetime = msgspec.field(default_factory=_default_timestamp)
     origin_id: str | None = None
     """For an entry copied by fork: the id of the source entry it copies."""
 
 
-class MessageEntry(_Header, kw_only=True, tag="message"):
+class MessageEntry(_Header, frozen=True, kw_only=True, tag="message"):
     message: Message
 
 
-class CompactionEntry(_Header, kw_only=True, tag="compaction"):
+class CompactionEntry(_Header, frozen=True, kw_only=True, tag="compaction"):
     """Folds the path before ``first_kept_entry_id`` into ``summary``."""
 
     summary: str
@@ -80,7 +98,7 @@ class CompactionEntry(_Header, kw_only=True, tag="compaction"):
     details: Any = None
 
 
-class BranchSummaryEntry(_Header, kw_only=True, tag="branch_summary"):
+class BranchSummaryEntry(_Header, frozen=True, kw_only=True, tag="branch_summary"):
     """Summary of a branch the conversation left (``from_id`` was its leaf)."""
 
     from_id: str
@@ -88,7 +106,7 @@ class BranchSummaryEntry(_Header, kw_only=True, tag="branch_summary"):
     details: Any = None
 
 
-class CustomEntry(_Header, Generic[T], kw_only=True, tag="custom"):
+class CustomEntry(_Header, Generic[T], frozen=True, kw_only=True, tag="custom"):
     """Application state stored in the log; never sent to a model.
 
     ``data`` is an instance of the class registered for ``kind``; for a kind
@@ -100,7 +118,7 @@ class CustomEntry(_Header, Generic[T], kw_only=True, tag="custom"):
     data: T
 
 
-class CustomMessageEntry(_Header, kw_only=True, tag="custom_message"):
+class CustomMessageEntry(_Header, frozen=True, kw_only=True, tag="custom_message"):
     """Application content the model does see (as user-visible context)."""
 
     kind: str

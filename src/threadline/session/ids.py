@@ -21,7 +21,7 @@ _counter = 0
 
 
 def new_id() -> str:
-    global _last_ms, _counter
+    global _last_ms, _counter  # noqa: PLW0603 (one process-wide clock keeps ids ordered)
     with _lock:
         ms = time.time_ns() // 1_000_000
         if ms > _last_ms:

@@ -69,7 +69,8 @@ class TreeIndex:
             ) from None
 
     def children(self, entry_id: str | None) -> list[Entry]:
-        """Direct children in append order; ``None`` gives the roots."""
+        """Direct children in append order; ``None`` gives the entries whose
+        ``parent_id`` is ``None`` (``roots`` also counts orphans)."""
         return [self._by_id[i] for i in self._children.get(entry_id, ())]
 
     def roots(self) -> list[Entry]:

@@ -1,0 +1,832 @@
+"""threadline side by side with LangGraph checkpointers and OpenAI Agents SDK sessions.
+
+Every system stores the same conversations: N messages (alternating user and
+assistant) of 400 characters of base64 of random bytes, so compression
+flatters nobody. Per system and N it measures bytes stored over raw payload
+bytes, append latency p50/p99, a cold load (new connection, fresh objects),
+the time to produce the model context after one more append and, for
+threadline, a fork at N/2.
+
+The peers live in their own environment, never in threadline's dependencies:
+
+    python3 -m venv bench/.venv
+    bench/.venv/bin/pip install -e '.[postgres]' -r bench/requirements-peers.txt
+    bench/.venv/bin/python bench/peers.py            # full run
+    bench/.venv/bin/python bench/peers.py --quick    # N = 50, 100, 200
+
+It writes bench/results/peers.json and docs/img/peers-*.png; ``--markdown``
+also prints the tables as Markdown for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import msgspec
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "peers.json"
+IMG = ROOT / "docs" / "img"
+FULL_NS = (50, 100, 200, 400, 800)
+QUICK_NS = (50, 100, 200)
+PAYLOAD_CHARS = 400
+SESSION = "bench"
+DEFAULT_PG = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+PG_DATABASE = "threadline_peers"
+PEER_PACKAGES = (
+    "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres", "openai-agents", "psycopg", "msgspec", "matplotlib",
+)
+
+
+def make_payloads(count: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [base64.b64encode(rng.randbytes(PAYLOAD_CHARS * 3 // 4)).decode() for _ in range(count)]
+
+
+def is_user(index: int) -> bool:
+    return index % 2 == 0
+
+
+# --------------------------------------------------------------------------- storage helpers
+
+
+def sqlite_bytes(path: Path) -> int:
+    """Size of a SQLite database once its WAL is folded into the main file."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+@dataclass
+class Postgres:
+    admin_url: str
+    url: str = ""
+
+    def prepare(self) -> None:
+        """Create the benchmark database next to ``test`` so nothing else shares it."""
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)
+            ).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DATABASE)))
+        self.url = psycopg.conninfo.make_conninfo(self.admin_url, dbname=PG_DATABASE)
+
+    def version(self) -> str:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+
+    def reset_schema(self, schema: str, *, create: bool = True) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            if create:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+
+    def schema_bytes(self, schema: str) -> int:
+        """Heap + TOAST + indexes of every table in ``schema``, after VACUUM."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            tables = [r[0] for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)
+            )]
+            for t in tables:
+                conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(schema, t)))
+            row = conn.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relkind = 'r'",
+                (schema,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+@dataclass
+class Timed:
+    seconds: float
+    texts: list[str]
+
+
+class Adapter:
+    """One system storing one conversation at a time.
+
+    ``step`` is how many messages one store call carries: 1 for every system
+    except LangGraph's ``invoke`` per user turn, which stores a user message
+    and the node's reply together.
+    """
+
+    name = ""
+    label = ""
+    step = 1
+    threadline = False
+
+    async def open(self, n: int) -> None:
+        raise NotImplementedError
+
+    async def append(self, texts: Sequence[str], start: int) -> None:
+        raise NotImplementedError
+
+    async def stored_bytes(self) -> int | None:
+        raise NotImplementedError
+
+    async def cold_load(self) -> Timed:
+        raise NotImplementedError
+
+    async def context_after_append(self, texts: Sequence[str], start: int) -> Timed:
+        raise NotImplementedError
+
+    async def fork(self, at: int) -> float:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class LangGraphAdapter(Adapter):
+    def __init__(self, backend: str, mode: str, workdir: Path, pg: Postgres | None) -> None:
+        self.backend, self.mode, self.workdir, self.pg = backend, mode, workdir, pg
+        self.name = f"langgraph-{backend}-{mode}"
+        saver = "SqliteSaver" if backend == "sqlite" else "PostgresSaver"
+        how = "update_state per message" if mode == "update" else "invoke per turn, sync"
+        self.label = f"LangGraph {saver}, {how}"
+        self.step = 1 if mode == "update" else 2
+        self.config: Any = {"configurable": {"thread_id": SESSION}}
+        self._conns: list[Any] = []
+        self._reply = ""
+        self._seen: tuple[float, list[str]] = (0.0, [])
+
+    def _graph(self, saver: Any) -> Any:
+        from langchain_core.messages import AIMessage, AnyMessage
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.graph.message import add_messages
+
+        # Functional form: under postponed annotations the class form's hints would be
+        # strings naming these local imports, which LangGraph cannot resolve.
+        state_type = TypedDict(  # noqa: UP013
+            "State", {"messages": Annotated[list[AnyMessage], add_messages]}
+        )
+
+        def chat(state: dict[str, Any]) -> dict[str, Any]:
+            # The moment the model call would start: the context is in hand.
+            self._seen = (time.perf_counter(), [str(m.content) for m in state["messages"]])
+            return {"messages": [AIMessage(content=self._reply)]}
+
+        g = StateGraph(state_type)
+        g.add_node("chat", chat)
+        g.add_edge(START, "chat")
+        g.add_edge("chat", END)
+        return g.compile(checkpointer=saver)
+
+    def _connect(self) -> Any:
+        if self.backend == "sqlite":
+            from langgraph.checkpoint.sqlite import SqliteSaver
+
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+            self._conns.append(conn)
+            return SqliteSaver(conn)
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        assert self.pg is not None
+        pconn = psycopg.Connection.connect(
+            self.pg.url, autocommit=True, prepare_threshold=0, row_factory=dict_row,
+            options=f"-c search_path={self.schema}",
+        )
+        self._conns.append(pconn)
+        return PostgresSaver(pconn)
+
+    async def open(self, n: int) -> None:
+        self.path = self.workdir / f"{self.name}-{n}.sqlite"
+        self.schema = f"{self.name}-{n}".replace("-", "_")
+        if self.pg is not None and self.backend == "postgres":
+            self.pg.reset_schema(self.schema)
+        saver = self._connect()
+        saver.setup()
+        self.graph = self._graph(saver)
+
+    def _message(self, text: str, index: int) -> Any:
+        from langchain_core.messages import AIMessage, HumanMessage
+
+        return HumanMessage(content=text) if is_user(index) else AIMessage(content=text)
+
+    async def append(self, texts: Sequence[str], start: int) -> None:
+        if self.mode == "update":
+            self.graph.update_state(
+                self.config, {"messages": [self._message(texts[0], start)]}, as_node="chat"
+            )
+        else:
+            self._reply = texts[1]
+            self.graph.invoke(
+                {"messages": [self._message(texts[0], start)]}, self.config, durability="sync"
+            )
+
+    async def stored_bytes(self) -> int:
+        if self.backend == "sqlite":
+            return sqlite_bytes(self.path)
+        assert self.pg is not None
+        return self.pg.schema_bytes(self.schema)
+
+    async def cold_load(self) -> Timed:
+        t0 = time.perf_counter()
+        saver = self._connect()
+        t1 = time.perf_counter()
+        graph = self._graph(saver)  # building the graph is not storage work
+        t2 = time.perf_counter()
+        state = graph.get_state(self.config)
+        texts = [str(m.content) for m in state.values["messages"]]
+        return Timed(t1 - t0 + time.perf_counter() - t2, texts)
+
+    async def context_after_append(self, texts: Sequence[str], start: int) -> Timed:
+        if self.mode == "update":
+            t0 = time.perf_counter()
+            await self.append(texts, start)
+            state = self.graph.get_state(self.config)
+            got = [str(m.content) for m in state.values["messages"]]
+            return Timed(time.perf_counter() - t0, got)
+        t0 = time.perf_counter()
+        await self.append(texts, start)
+        seen_at, got = self._seen
+        return Timed(seen_at - t0, got)
+
+    async def close(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+        if self.pg is not None and self.backend == "postgres":
+            self.pg.reset_schema(self.schema, create=False)
+
+
+class AgentsAdapter(Adapter):
+    name = "openai-agents-sqlite"
+    label = "OpenAI Agents SDK SQLiteSession, add_items per message"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._sessions: list[Any] = []
+
+    def _session(self) -> Any:
+        from agents import SQLiteSession
+
+        s = SQLiteSession(SESSION, self.path)
+        self._sessions.append(s)
+        return s
+
+    async def open(self, n: int) -> None:
+        self.path = self.workdir / f"{self.name}-{n}.sqlite"
+        self.session = self._session()
+
+    @staticmethod
+    def _item(text: str, index: int) -> dict[str, Any]:
+        return {"role": "user" if is_user(index) else "assistant", "content": text}
+
+    async def append(self, texts: Sequence[str], start: int) -> None:
+        await self.session.add_items([self._item(texts[0], start)])
+
+    async def stored_bytes(self) -> int:
+        for s in self._sessions:
+            s.close()
+        self._sessions.clear()
+        size = sqlite_bytes(self.path)
+        self.session = self._session()
+        return size
+
+    async def cold_load(self) -> Timed:
+        t0 = time.perf_counter()
+        items = await self._session().get_items()
+        return Timed(time.perf_counter() - t0, [i["content"] for i in items])
+
+    async def context_after_append(self, texts: Sequence[str], start: int) -> Timed:
+        t0 = time.perf_counter()
+        await self.append(texts, start)
+        items = await self.session.get_items()
+        return Timed(time.perf_counter() - t0, [i["content"] for i in items])
+
+    async def close(self) -> None:
+        for s in self._sessions:
+            s.close()
+        self._sessions.clear()
+
+
+THREADLINE_STORES = {
+    "memory": ("threadline.session.memory", "threadline MemoryStore"),
+    "file": ("threadline.session.file", "threadline FileStore, fsync"),
+    "sqlite": ("threadline.session.sqlite", "threadline SQLiteStore, synchronous=FULL"),
+    "postgres": ("threadline.session.postgres", "threadline PostgresStore"),
+}
+
+
+def threadline_available(kind: str) -> bool:
+    try:
+        return importlib.util.find_spec(THREADLINE_STORES[kind][0]) is not None
+    except ImportError:  # the package itself does not import yet
+        return False
+
+
+class ThreadlineAdapter(Adapter):
+    threadline = True
+
+    def __init__(self, kind: str, workdir: Path, pg: Postgres | None) -> None:
+        self.kind, self.workdir, self.pg = kind, workdir, pg
+        self.name = f"threadline-{kind}"
+        self.label = THREADLINE_STORES[kind][1]
+        self._stores: list[Any] = []
+
+    async def _store(self) -> Any:
+        from threadline import session as ts
+
+        store: Any
+        if self.kind == "memory":
+            store = ts.MemoryStore()
+        elif self.kind == "file":
+            store = ts.FileStore(self.root, durability="fsync")
+        elif self.kind == "sqlite":
+            store = ts.SQLiteStore(self.root / "threadline.sqlite")
+        else:
+            assert self.pg is not None
+            store = ts.PostgresStore(self.pg.url, schema=self.schema)
+        opener = getattr(store, "open", None)
+        if opener is not None:
+            await opener()
+        self._stores.append(store)
+        return store
+
+    async def open(self, n: int) -> None:
+        from threadline.session import SessionRecord, TreeIndex
+
+        self.root = self.workdir / f"{self.name}-{n}"
+        self.root.mkdir()
+        self.schema = f"{self.name}-{n}".replace("-", "_")
+        if self.pg is not None and self.kind == "postgres":
+            self.pg.reset_schema(self.schema, create=False)
+        self.store = await self._store()
+        await self.store.create_session(SessionRecord(id=SESSION))
+        self.tree = TreeIndex(session_id=SESSION)
+
+    def _entry(self, text: str, index: int) -> Any:
+        from threadline.ai import AssistantMessage, TextPart, UserMessage
+        from threadline.session import MessageEntry
+
+        message = (
+            UserMessage.of(text) if is_user(index)
+            else AssistantMessage(content=(TextPart(text=text),))
+        )
+        return MessageEntry(parent_id=self.tree.leaf_id, message=message)
+
+    async def append(self, texts: Sequence[str], start: int) -> None:
+        entry = self._entry(texts[0], start)
+        await self.store.append_entries(SESSION, [entry])
+        self.tree.add(entry)
+
+    async def stored_bytes(self) -> int | None:
+        if self.kind == "memory":
+            return None
+        if self.kind == "file":
+            return tree_bytes(self.root)
+        if self.kind == "sqlite":
+            return sqlite_bytes(self.root / "threadline.sqlite")
+        assert self.pg is not None
+        return self.pg.schema_bytes(self.schema)
+
+    @staticmethod
+    def _texts(messages: Sequence[Any]) -> list[str]:
+        return [m.text for m in messages]
+
+    async def cold_load(self) -> Timed:
+        from threadline.session import TreeIndex, build_context
+
+        t0 = time.perf_counter()
+        # Memory keeps nothing across processes: its "cold" load is a warm one.
+        store = self.store if self.kind == "memory" else await self._store()
+        tree = TreeIndex(await store.load_entries(SESSION), session_id=SESSION)
+        messages = build_context(tree.path())
+        return Timed(time.perf_counter() - t0, self._texts(messages))
+
+    async def context_after_append(self, texts: Sequence[str], start: int) -> Timed:
+        from threadline.session import build_context
+
+        # A live agent holds its tree: the append is the only I/O.
+        t0 = time.perf_counter()
+        await self.append(texts, start)
+        messages = build_context(self.tree.path())
+        return Timed(time.perf_counter() - t0, self._texts(messages))
+
+    async def fork(self, at: int) -> float:
+        """Copy the active path up to its ``at``-th entry into a child session."""
+        from threadline.session import SessionRecord, new_id
+
+        t0 = time.perf_counter()
+        path = self.tree.path()[:at]
+        copies, parent = [], None
+        for entry in path:
+            copy = msgspec.structs.replace(
+                entry, id=new_id(), parent_id=parent, origin_id=entry.id
+            )
+            copies.append(copy)
+            parent = copy.id
+        child = f"{SESSION}-fork"
+        await self.store.create_session(SessionRecord(id=child, parent_id=SESSION))
+        await self.store.append_entries(child, copies)
+        return time.perf_counter() - t0
+
+    async def close(self) -> None:
+        for store in self._stores:
+            closer = getattr(store, "close", None)
+            if closer is not None:
+                await closer()
+        self._stores.clear()
+        if self.pg is not None and self.kind == "postgres":
+            self.pg.reset_schema(self.schema, create=False)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+@dataclass
+class Point:
+    n: int
+    payload_bytes: int
+    stored_bytes: int | None
+    append_ms: list[float] = field(default_factory=list)
+    cold_load_ms: float = 0.0
+    context_ms: float = 0.0
+    fork_ms: float | None = None
+    fork_bytes: int | None = None
+    fork_payload_bytes: int | None = None
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.append_ms)
+        return {
+            "n": self.n,
+            "payload_bytes": self.payload_bytes,
+            "stored_bytes": self.stored_bytes,
+            "bytes_ratio": None if self.stored_bytes is None
+            else self.stored_bytes / self.payload_bytes,
+            "append_calls": len(lat),
+            "append_p50_ms": statistics.median(lat),
+            "append_p99_ms": percentile(lat, 0.99),
+            "append_total_ms": sum(lat),
+            "cold_load_ms": self.cold_load_ms,
+            "context_ms": self.context_ms,
+            "fork_ms": self.fork_ms,
+            "fork_bytes": self.fork_bytes,
+            "fork_payload_bytes": self.fork_payload_bytes,
+        }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile: with 25 samples p99 is the slowest one."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def expect(what: str, got: list[str], want: Sequence[str]) -> None:
+    if got != list(want):
+        raise SystemExit(f"{what}: read back {len(got)} messages, expected {len(want)} (mismatch)")
+
+
+async def measure(adapter: Adapter, n: int, texts: Sequence[str]) -> Point:
+    await adapter.open(n)
+    try:
+        point = Point(n=n, payload_bytes=sum(len(t.encode()) for t in texts[:n]), stored_bytes=None)
+        gc.collect()
+        for start in range(0, n, adapter.step):
+            chunk = texts[start:start + adapter.step]
+            t0 = time.perf_counter()
+            await adapter.append(chunk, start)
+            point.append_ms.append((time.perf_counter() - t0) * 1000)
+        point.stored_bytes = await adapter.stored_bytes()
+        loaded = await adapter.cold_load()
+        expect(f"{adapter.name} N={n} cold load", loaded.texts, texts[:n])
+        point.cold_load_ms = loaded.seconds * 1000
+        more = texts[n:n + adapter.step]
+        ctx = await adapter.context_after_append(more, n)
+        # LangGraph's node sees the user message but not yet its own reply.
+        expect(f"{adapter.name} N={n} context", ctx.texts, texts[:n + 1])
+        point.context_ms = ctx.seconds * 1000
+        if adapter.threadline:
+            before = await adapter.stored_bytes()
+            point.fork_ms = await adapter.fork(n // 2) * 1000
+            after = await adapter.stored_bytes()
+            if before is not None and after is not None:
+                point.fork_bytes = after - before
+            point.fork_payload_bytes = sum(len(t.encode()) for t in texts[:n // 2])
+        return point
+    finally:
+        await adapter.close()
+
+
+def slope(ns: Sequence[int], values: Sequence[float | None]) -> float | None:
+    """Least-squares slope of log(value) against log(N): 1 is linear, 2 quadratic."""
+    pairs = [(math.log(n), math.log(v)) for n, v in zip(ns, values, strict=True) if v]
+    if len(pairs) < 2:
+        return None
+    mx = statistics.fmean(p[0] for p in pairs)
+    my = statistics.fmean(p[1] for p in pairs)
+    den = sum((x - mx) ** 2 for x, _ in pairs)
+    return sum((x - mx) * (y - my) for x, y in pairs) / den
+
+
+def marginal(points: Sequence[dict[str, Any]]) -> float | None:
+    """Bytes added per payload byte between the two largest N: fixed overhead cancels out."""
+    if len(points) < 2 or points[-1]["stored_bytes"] is None:
+        return None
+    a, b = points[-2], points[-1]
+    return (b["stored_bytes"] - a["stored_bytes"]) / (b["payload_bytes"] - a["payload_bytes"])
+
+
+def machine(pg: Postgres | None) -> dict[str, Any]:
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    versions = {}
+    for pkg in PEER_PACKAGES:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "postgresql": pg.version() if pg else None,
+        "platform": platform.platform(),
+        "loadavg_at_start": os.getloadavg(),
+        "versions": versions,
+    }
+
+
+def build_adapters(
+    names: Sequence[str] | None, workdir: Path, pg: Postgres | None, missing: list[str]
+) -> list[Adapter]:
+    adapters: list[Adapter] = []
+    for backend in ("sqlite", "postgres"):
+        if backend == "postgres" and pg is None:
+            continue
+        for mode in ("update", "invoke"):
+            adapters.append(LangGraphAdapter(backend, mode, workdir, pg))
+    adapters.append(AgentsAdapter(workdir))
+    for kind in THREADLINE_STORES:
+        if kind == "postgres" and pg is None:
+            continue
+        if not threadline_available(kind):
+            print(f"skipping threadline-{kind}: {THREADLINE_STORES[kind][0]} does not import",
+                  file=sys.stderr)
+            missing.append(f"threadline-{kind}")
+            continue
+        adapters.append(ThreadlineAdapter(kind, workdir, pg))
+    if names:
+        adapters = [a for a in adapters if any(s in a.name for s in names)]
+    return adapters
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    ns = report["ns"]
+    systems = report["systems"]
+    out: list[tuple[str, list[str], list[list[str]]]] = []
+
+    def by_n(title: str, key: str, *extra: tuple[str, str],
+             only: Callable[[dict[str, Any]], bool] = lambda s: True) -> None:
+        header = ["system", *[f"N={n}" for n in ns], *[h for h, _ in extra]]
+        rows = []
+        for s in systems:
+            if not only(s):
+                continue
+            pts = {p["n"]: p for p in s["points"]}
+            row = [s["name"], *[fmt(pts[n][key]) if n in pts else "-" for n in ns]]
+            row += [fmt(s[k]) for _, k in extra]
+            rows.append(row)
+        out.append((title, header, rows))
+
+    by_n("Bytes stored / raw payload bytes (slope: log-log of bytes vs N; marginal: bytes"
+         " added per payload byte between the two largest N)",
+         "bytes_ratio", ("slope", "bytes_slope"), ("marginal", "marginal_ratio"))
+    by_n("Append latency p50, ms per store call (slope: log-log vs N)",
+         "append_p50_ms", ("slope", "append_p50_slope"))
+    by_n("Append latency p99, ms per store call", "append_p99_ms")
+    by_n("Cold load of the whole conversation, ms (new connection)", "cold_load_ms")
+    by_n("Model context after one more append, ms", "context_ms")
+    by_n("threadline fork at N/2, ms", "fork_ms", only=lambda s: s["threadline"])
+
+    header = ["system", *[f"N={n}" for n in ns]]
+    rows = []
+    for s in systems:
+        if not s["threadline"] or s["name"].endswith("memory"):
+            continue
+        pts = {p["n"]: p for p in s["points"]}
+        rows.append([s["name"], *[
+            "-" if n not in pts or pts[n]["fork_bytes"] is None
+            else f"{pts[n]['fork_bytes']:,} "
+            f"({pts[n]['fork_bytes'] / pts[n]['fork_payload_bytes']:.2f}x)"
+            for n in ns
+        ]])
+    out.append(("threadline fork at N/2: bytes added (x payload of the copied half)", header, rows))
+    return out
+
+
+def print_rich(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for title, header, rows in tables(report):
+        table = Table(title=title, title_justify="left")
+        for i, h in enumerate(header):
+            table.add_column(h, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    parts = []
+    for title, header, rows in tables(report):
+        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |",
+                 "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot(report: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    styles = {
+        "langgraph": ("tab:orange", "tab:red"),
+        "openai": ("tab:green", "tab:green"),
+        "threadline": ("tab:blue", "tab:purple"),
+    }
+    written = []
+    for key, fname, ylabel, title in (
+        ("stored_bytes", "peers-bytes.png", "bytes stored",
+         "Bytes stored vs conversation length (log-log)"),
+        ("append_p50_ms", "peers-append.png", "append latency p50, ms (p99 dotted)",
+         "Append latency vs conversation length (log-log)"),
+    ):
+        fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+        markers = iter("osD^v<>ph*")
+        for s in report["systems"]:
+            pts = [p for p in s["points"] if p[key]]
+            if not pts:
+                continue
+            family = next(k for k in styles if s["name"].startswith(k))
+            color = styles[family][0 if "postgres" not in s["name"] else 1]
+            ls = "-" if s["threadline"] else "--"
+            xs = [p["n"] for p in pts]
+            line, = ax.plot(xs, [p[key] for p in pts], ls, marker=next(markers), color=color,
+                            label=s["name"])
+            if key == "append_p50_ms":
+                ax.plot(xs, [p["append_p99_ms"] for p in pts], ":", color=line.get_color(),
+                        alpha=0.6)
+        if key == "stored_bytes":
+            ns = report["ns"]
+            ax.plot(ns, [n * PAYLOAD_CHARS for n in ns], color="black", lw=1, alpha=0.5,
+                    label="raw payload")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(report["ns"], [str(n) for n in report["ns"]])
+        ax.minorticks_off()
+        ax.set_xlabel("messages in the conversation (N)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        path = IMG / fname
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    ns = QUICK_NS if args.quick else FULL_NS
+    if args.n:
+        ns = tuple(args.n)
+    texts = make_payloads(max(ns) + 2)
+    pg: Postgres | None = None
+    if not args.no_postgres:
+        pg = Postgres(args.pg_url)
+        pg.prepare()
+    workdir = Path(tempfile.mkdtemp(prefix="threadline-peers-", dir=args.workdir))
+    try:
+        missing: list[str] = []
+        adapters = build_adapters(args.systems, workdir, pg, missing)
+        report: dict[str, Any] = {
+            "ns": list(ns), "payload_chars": PAYLOAD_CHARS, "quick": args.quick,
+            "machine": machine(pg), "systems": [], "missing": missing,
+        }
+        started = time.perf_counter()
+        for adapter in adapters:
+            points = []
+            for n in ns:
+                t0 = time.perf_counter()
+                try:
+                    points.append((await measure(adapter, n, texts)).summary())
+                except NotImplementedError as exc:  # a store module still being written
+                    print(f"skipping {adapter.name}: {exc}", file=sys.stderr)
+                    report["missing"].append(adapter.name)
+                    break
+            if not points:
+                continue
+                print(f"{adapter.name:32} N={n:<4} {time.perf_counter() - t0:6.1f}s",
+                      file=sys.stderr, flush=True)
+            report["systems"].append({
+                "name": adapter.name,
+                "label": adapter.label,
+                "messages_per_append": adapter.step,
+                "threadline": adapter.threadline,
+                "points": points,
+                "bytes_slope": slope(ns, [p["stored_bytes"] for p in points]),
+                "append_p50_slope": slope(ns, [p["append_p50_ms"] for p in points]),
+                "marginal_ratio": marginal(points),
+            })
+        report["wall_seconds"] = time.perf_counter() - started
+        report["machine"]["loadavg_at_end"] = os.getloadavg()
+        return report
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N = 50, 100, 200 only")
+    parser.add_argument("--n", type=int, action="append", help="conversation length (repeatable)")
+    parser.add_argument("--systems", nargs="*",
+                        help="only systems whose name contains one of these")
+    parser.add_argument("--pg-url", default=DEFAULT_PG,
+                        help="server to create the bench database on")
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--workdir", default=None, help="where the files go (default: system tmp)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
+    args = parser.parse_args()
+    report = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_rich(report)
+    if not args.no_plots:
+        for path in plot(report):
+            print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {args.out}  ({report['wall_seconds']:.0f}s)")
+    if args.markdown:
+        print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

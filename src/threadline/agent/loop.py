@@ -1,0 +1,395 @@
+"""The inner agent loop: stream the model, run the tools it asks for, repeat.
+
+``AgentLoop`` implements the ``Loop`` protocol of ``threadline.agent.events``
+(whose docstring states the event order; every run here keeps it). A turn is
+one model call plus the tools it asked for; turns go on while the assistant
+asks for tools.
+
+Tools. The calls of one assistant message run concurrently (``parallel_tools``,
+the default) or one after another. Each call gets ``ToolExecutionStart``, any
+``ToolExecutionUpdate`` (its ``progress`` reports) and ``ToolExecutionEnd``;
+in parallel mode the starts come in call order and the rest interleave as the
+tools progress. The result messages then follow in call order. Every failure
+of a call becomes an error result the model can read, never an exception: an
+unknown tool, invalid arguments, a denial by ``before_tool_call``, a raising
+tool or hook. ``after_tool_call`` may replace what a tool returned.
+
+Bounds and failures:
+
+- ``max_turns``: after that many model calls the loop stops even if the last
+  assistant message asked for tools. Those tools still run, so every call has
+  a result; ``AgentEnd.error`` is then an ``AgentError`` saying the bound was hit.
+- A model ``ErrorEvent`` (or a model that raises, or ends without a final
+  event) ends the turn with the failed assistant message, ``TurnEnd`` and
+  ``AgentEnd`` whose ``error`` is the model's typed error.
+
+Stopping:
+
+- ``abort`` set: the model ends its message with stop reason ``aborted``;
+  running tools are cancelled and get an ``aborted`` result (with their
+  ``ToolExecutionEnd``); calls not started get one too; then ``TurnEnd`` and
+  ``AgentEnd`` with ``error`` a ``CancelledError``. No further model call is
+  made. The loop relies on the model to honour ``abort`` promptly, as the
+  ``LanguageModel`` protocol requires.
+- ``aclose()`` on the iterator, or cancelling the task that iterates it: the
+  model stream is closed and running tools are cancelled and awaited before
+  the close (or the ``CancelledError``) completes; no further events. To get
+  the full wind-down report, set ``abort`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import msgspec
+
+from threadline.agent.events import (
+    AgentEnd,
+    AgentEvent,
+    AgentStart,
+    MessageEnd,
+    MessageStart,
+    MessageUpdate,
+    ToolExecutionEnd,
+    ToolExecutionStart,
+    ToolExecutionUpdate,
+    TurnEnd,
+    TurnStart,
+)
+from threadline.ai.messages import (
+    AssistantMessage,
+    Message,
+    TextPart,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from threadline.ai.model import (
+    DoneEvent,
+    ErrorEvent,
+    LanguageModel,
+    ModelInfo,
+    ReasoningEffort,
+    Request,
+    StreamOptions,
+)
+from threadline.ai.tools import Tool, ToolResult
+from threadline.errors import AgentError, ModelError, ToolError
+
+__all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny", "run"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Returned by ``before_tool_call`` to refuse a call; the model sees the reason."""
+
+    reason: str = "not allowed"
+
+
+BeforeToolCall: TypeAlias = Callable[[ToolCall], Deny | Awaitable[Deny | None] | None]
+"""Called with each valid call before it runs; return ``Deny(...)`` to refuse it."""
+
+AfterToolCall: TypeAlias = Callable[
+    [ToolCall, ToolResult], ToolResult | Awaitable[ToolResult | None] | None
+]
+"""Called with each executed call and its result; return a ``ToolResult`` to replace it."""
+
+_ABORTED_TEXT = "Tool call aborted: the run was stopped before the tool finished."
+
+
+class AgentLoop:
+    """Model + tools + system prompt -> a ``Loop`` whose ``run`` streams agent events."""
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        *,
+        system: str | None = None,
+        max_turns: int | None = 50,
+        parallel_tools: bool = True,
+        before_tool_call: BeforeToolCall | None = None,
+        after_tool_call: AfterToolCall | None = None,
+        options: StreamOptions | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        reasoning_effort: ReasoningEffort | None = None,
+    ) -> None:
+        self.model = model
+        self.system = system
+        self.max_turns = max_turns
+        self.parallel_tools = parallel_tools
+        self.before_tool_call = before_tool_call
+        self.after_tool_call = after_tool_call
+        base = options or StreamOptions()
+        self.options = dataclasses.replace(
+            base,
+            max_tokens=max_tokens if max_tokens is not None else base.max_tokens,
+            temperature=temperature if temperature is not None else base.temperature,
+            reasoning_effort=reasoning_effort or base.reasoning_effort,
+        )
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            made = t if isinstance(t, Tool) else Tool.from_function(t)
+            if made.name in self.tools:
+                raise ToolError(f"two tools are named {made.name!r}")
+            self.tools[made.name] = made
+        self._specs = tuple(t.spec for t in self.tools.values())
+
+    def run(
+        self,
+        context: Sequence[Message],
+        input: Sequence[Message],
+        *,
+        abort: asyncio.Event | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        return self._run(context, input, abort or self.options.abort)
+
+    async def _run(
+        self, context: Sequence[Message], input: Sequence[Message], abort: asyncio.Event | None
+    ) -> AsyncIterator[AgentEvent]:
+        options = self.options
+        if options.abort is not abort:
+            options = dataclasses.replace(options, abort=abort)
+        info = self.model.info
+        history = list(context)
+        produced: list[Message] = []
+        error: BaseException | None = None
+        yield AgentStart()
+        for message in input:
+            history.append(message)
+            produced.append(message)
+            yield MessageStart(message)
+            yield MessageEnd(message)
+        turn = 0
+        while True:
+            if abort is not None and abort.is_set():
+                error = asyncio.CancelledError("run aborted")
+                break
+            turn += 1
+            yield TurnStart(turn)
+            yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
+            final: AssistantMessage | None = None
+            if abort is not None and abort.is_set():  # set while TurnStart was reported
+                final = AssistantMessage(
+                    model=info.id, provider=info.provider, stop_reason="aborted",
+                    error_message="aborted",
+                )
+                error = asyncio.CancelledError("run aborted")
+            else:
+                request = Request(tuple(history), self.system, self._specs)
+                stream = self.model.stream(request, options)
+                try:
+                    async for event in stream:
+                        if isinstance(event, DoneEvent | ErrorEvent):
+                            final = event.message
+                            if isinstance(event, ErrorEvent):
+                                error = _stream_error(event, info)
+                            break
+                        yield MessageUpdate(event)
+                except Exception as exc:  # a model that breaks the protocol and raises
+                    error = exc
+                    final = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
+                finally:
+                    close = getattr(stream, "aclose", None)
+                    if close is not None:
+                        await close()
+                if final is None:
+                    text = "model stream ended without a final event"
+                    error = ModelError(text, provider=info.provider, model=info.id)
+                    final = _failed(info.id, info.provider, text)
+            history.append(final)
+            produced.append(final)
+            yield MessageEnd(final)
+
+            calls = final.tool_calls
+            results: list[ToolResultMessage | None] = [None] * len(calls)
+            if calls and error is None and not (abort is not None and abort.is_set()):
+                async with aclosing(self._run_tools(calls, abort, results)) as tool_events:
+                    async for tool_event in tool_events:
+                        yield tool_event
+            done = tuple(r or _aborted(c) for r, c in zip(results, calls, strict=True))
+            for result in done:
+                history.append(result)
+                produced.append(result)
+                yield MessageStart(result)
+                yield MessageEnd(result)
+            yield TurnEnd(turn, final, done)
+            if error is not None or not calls:
+                break
+            if self.max_turns is not None and turn >= self.max_turns and not (
+                abort is not None and abort.is_set()
+            ):
+                error = AgentError(
+                    f"stopped after max_turns={self.max_turns}: the model still asked for tools"
+                )
+                break
+        yield AgentEnd(tuple(produced), error)
+
+    async def _run_tools(
+        self,
+        calls: Sequence[ToolCall],
+        abort: asyncio.Event | None,
+        results: list[ToolResultMessage | None],
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """Execute ``calls``, filling ``results``; a call left at None was aborted."""
+        # Tool tasks report through one queue: an update, the index of a call that
+        # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
+        # a TaskGroup would cancel the consumer's task, which runs this generator.
+        queue: asyncio.Queue[ToolExecutionUpdate | int | None] = asyncio.Queue()
+        tasks: dict[int, asyncio.Task[ToolResultMessage]] = {}
+        watcher: asyncio.Future[Any] | None = None
+        if abort is not None:
+            watcher = asyncio.ensure_future(abort.wait())
+            watcher.add_done_callback(lambda _: queue.put_nowait(None))
+        launched = finished = 0
+        try:
+            while finished < len(calls):
+                while (
+                    launched < len(calls)
+                    and (self.parallel_tools or launched == finished)
+                    and not (abort is not None and abort.is_set())
+                ):
+                    call = calls[launched]
+                    yield ToolExecutionStart(call.id, call.name, call.arguments)
+                    tasks[launched] = asyncio.create_task(
+                        self._tool_task(launched, call, queue), name=f"tool {call.name} {call.id}"
+                    )
+                    launched += 1
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, ToolExecutionUpdate):
+                    yield item
+                    continue
+                results[item] = result = tasks.pop(item).result()
+                finished += 1
+                yield ToolExecutionEnd(result.tool_call_id, result.tool_name, result)
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.wait((watcher, *tasks.values()))
+            elif tasks:
+                await asyncio.wait(tasks.values())
+        # Only reached when abort fired: close every started call.
+        for index, task in sorted(tasks.items()):
+            if task.cancelled() or task.exception() is not None:
+                ended = _aborted(calls[index])
+            else:
+                ended = task.result()
+            results[index] = ended
+            yield ToolExecutionEnd(ended.tool_call_id, ended.tool_name, ended)
+
+    async def _tool_task(
+        self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None]
+    ) -> ToolResultMessage:
+        running = True
+
+        def progress(update: Any) -> None:
+            if running:  # an update after the end would break the event order
+                queue.put_nowait(ToolExecutionUpdate(call.id, call.name, update))
+
+        try:
+            return await self._execute(call, progress)
+        finally:
+            running = False
+            queue.put_nowait(index)
+
+    async def _execute(self, call: ToolCall, progress: Callable[[Any], None]) -> ToolResultMessage:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools) or "none"
+            return _error(call, f"Unknown tool {call.name!r}. Available tools: {names}.")
+        try:
+            kwargs = tool.validate(call.arguments)
+        except msgspec.ValidationError as exc:
+            return _error(call, tool.invalid_arguments_message(call.arguments, exc))
+        if self.before_tool_call is not None:
+            try:
+                verdict = await _resolve(self.before_tool_call(call))
+            except Exception as exc:
+                return _error(call, f"before_tool_call failed for {call.name!r}: {_describe(exc)}")
+            if isinstance(verdict, Deny):
+                return _error(call, f"Tool call denied: {verdict.reason}")
+        try:
+            result = await tool.execute(kwargs, progress)
+        except Exception as exc:
+            result = ToolResult.error(f"Tool {call.name!r} failed: {_describe(exc)}")
+        if self.after_tool_call is not None:
+            try:
+                replaced = await _resolve(self.after_tool_call(call, result))
+            except Exception as exc:
+                return _error(call, f"after_tool_call failed for {call.name!r}: {_describe(exc)}")
+            if replaced is not None:
+                result = replaced
+        return ToolResultMessage(
+            tool_call_id=call.id, tool_name=call.name, content=result.content,
+            is_error=result.is_error, details=result.details,
+        )
+
+
+def run(
+    model: LanguageModel,
+    context: Sequence[Message],
+    input: str | Sequence[Message],
+    *,
+    tools: Iterable[Tool | Callable[..., Any]] = (),
+    system: str | None = None,
+    abort: asyncio.Event | None = None,
+    max_turns: int | None = 50,
+    parallel_tools: bool = True,
+    before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    options: StreamOptions | None = None,
+) -> AsyncIterator[AgentEvent]:
+    """One run of an ``AgentLoop``; ``input`` may be plain text for one user message."""
+    loop = AgentLoop(
+        model, tools, system=system, max_turns=max_turns, parallel_tools=parallel_tools,
+        before_tool_call=before_tool_call, after_tool_call=after_tool_call, options=options,
+    )
+    messages = [UserMessage.of(input)] if isinstance(input, str) else input
+    return loop.run(context, messages, abort=abort)
+
+
+async def _resolve(value: _T | Awaitable[_T]) -> _T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _stream_error(event: ErrorEvent, info: ModelInfo) -> BaseException:
+    text = event.message.error_message
+    if event.message.stop_reason == "aborted":
+        return asyncio.CancelledError(text or "run aborted")
+    return event.error or ModelError(text or "model error", provider=info.provider, model=info.id)
+
+
+def _failed(model: str, provider: str, text: str) -> AssistantMessage:
+    return AssistantMessage(model=model, provider=provider, stop_reason="error", error_message=text)
+
+
+def _error(call: ToolCall, text: str) -> ToolResultMessage:
+    return ToolResultMessage(
+        tool_call_id=call.id, tool_name=call.name, content=(TextPart(text=text),), is_error=True
+    )
+
+
+def _aborted(call: ToolCall) -> ToolResultMessage:
+    return ToolResultMessage(
+        tool_call_id=call.id, tool_name=call.name, content=(TextPart(text=_ABORTED_TEXT),),
+        is_error=True, synthesized="aborted",
+    )

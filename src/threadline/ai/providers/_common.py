@@ -1,0 +1,385 @@
+"""What every provider shares: assembling a message from stream blocks, driving
+an SDK stream with abort and close, mapping errors, and transcript helpers.
+
+No SDK is imported here, so this module loads without the optional extras.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from threadline.ai.messages import (
+    AssistantContent,
+    AssistantMessage,
+    ImagePart,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    Usage,
+)
+from threadline.ai.model import (
+    DoneEvent,
+    ErrorEvent,
+    ModelInfo,
+    StartEvent,
+    StreamEvent,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from threadline.errors import (
+    AuthenticationError,
+    ContextOverflowError,
+    ModelError,
+    RateLimitError,
+    TransientProviderError,
+)
+
+INVALID_ARGUMENTS_KEY = "_invalid_json"
+"""A tool call whose argument text is not a JSON object gets ``{INVALID_ARGUMENTS_KEY:
+text}`` as arguments, so tool validation fails with the model's own text in the
+message and the model can correct itself."""
+
+DEFAULT_MAX_RETRIES = 1
+"""SDK-level retries. Kept small so typed errors (rate limits with their
+retry-after) reach the caller, which decides about waiting."""
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: Literal["text", "thinking", "tool"]
+    parts: list[str] = field(default_factory=list)
+    signature: str | None = None
+    redacted: bool = False
+    id: str = ""
+    name: str = ""
+    final: AssistantContent | None = None
+
+
+class Builder:
+    """Collects the blocks of one assistant message as they stream."""
+
+    def __init__(self, info: ModelInfo, api: str) -> None:
+        self.info = info
+        self.api = api
+        self.blocks: list[_Block] = []
+        self.usage = Usage()
+        self.stop_reason: StopReason = "stop"
+        self.response_id: str | None = None
+        self.model = info.id
+
+    def start(self) -> StartEvent:
+        return StartEvent(model=self.info.id, provider=self.info.provider)
+
+    def open_text(self) -> tuple[int, StreamEvent]:
+        self.blocks.append(_Block("text"))
+        i = len(self.blocks) - 1
+        return i, TextStart(index=i)
+
+    def open_thinking(self, *, redacted: bool = False) -> tuple[int, StreamEvent]:
+        self.blocks.append(_Block("thinking", redacted=redacted))
+        i = len(self.blocks) - 1
+        return i, ThinkingStart(index=i)
+
+    def open_tool(self, call_id: str, name: str) -> tuple[int, StreamEvent]:
+        self.blocks.append(_Block("tool", id=call_id, name=name))
+        i = len(self.blocks) - 1
+        return i, ToolCallStart(index=i, id=call_id, name=name)
+
+    def delta(self, i: int, text: str) -> StreamEvent:
+        block = self.blocks[i]
+        block.parts.append(text)
+        if block.kind == "text":
+            return TextDelta(index=i, delta=text)
+        if block.kind == "thinking":
+            return ThinkingDelta(index=i, delta=text)
+        return ToolCallDelta(index=i, delta=text)
+
+    def is_open(self, i: int) -> bool:
+        return self.blocks[i].final is None
+
+    def close(self, i: int) -> StreamEvent | None:
+        """Finish block ``i``; None when it was already finished."""
+        block = self.blocks[i]
+        if block.final is not None:
+            return None
+        text = "".join(block.parts)
+        if block.kind == "text":
+            block.final = TextPart(text=text)
+            return TextEnd(index=i, text=text)
+        if block.kind == "thinking":
+            block.final = ThinkingPart(
+                thinking=text, signature=block.signature, redacted=block.redacted,
+                provider=self.info.provider,
+            )
+            return ThinkingEnd(index=i, thinking=text, signature=block.signature)
+        call = ToolCall(id=block.id, name=block.name, arguments=parse_arguments(text))
+        block.final = call
+        return ToolCallEnd(index=i, tool_call=call)
+
+    def close_all(self) -> list[StreamEvent]:
+        return [e for i in range(len(self.blocks)) if (e := self.close(i)) is not None]
+
+    def message(
+        self, stop_reason: StopReason, error_message: str | None = None
+    ) -> AssistantMessage:
+        content: list[AssistantContent] = []
+        for b in self.blocks:
+            if b.final is not None:
+                content.append(b.final)
+            elif b.kind == "text" and b.parts:
+                content.append(TextPart(text="".join(b.parts)))
+            elif b.kind == "thinking" and b.parts:
+                content.append(ThinkingPart(
+                    thinking="".join(b.parts), provider=self.info.provider))
+            # An unfinished tool call is dropped: running it on half its
+            # arguments would be worse than not running it.
+        return AssistantMessage(
+            content=tuple(content), model=self.model, provider=self.info.provider,
+            api=self.api, usage=self.usage, stop_reason=stop_reason,
+            error_message=error_message, response_id=self.response_id,
+        )
+
+    def done(self) -> list[StreamEvent]:
+        """Close open blocks and end the stream successfully."""
+        events = self.close_all()
+        stop = self.stop_reason
+        if stop == "stop" and any(b.kind == "tool" for b in self.blocks):
+            # Some OpenAI-compatible servers say "stop" after tool calls.
+            stop = "tool_use"
+        events.append(DoneEvent(message=self.message(stop)))
+        return events
+
+    def failed(self, error: ModelError | None, *, aborted: bool = False) -> ErrorEvent:
+        text = "aborted" if aborted else str(error) or type(error).__name__
+        return ErrorEvent(
+            message=self.message("aborted" if aborted else "error", text), error=error
+        )
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return {INVALID_ARGUMENTS_KEY: text}
+    return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: text}
+
+
+# --------------------------------------------------------------------------- driving
+
+
+class _Aborted(Exception):
+    pass
+
+
+class SDKStream(Protocol):
+    def __anext__(self) -> Awaitable[Any]: ...
+
+    async def close(self) -> None: ...
+
+
+async def _race(aw: Awaitable[Any], abort: asyncio.Event | None) -> Any:
+    """Await ``aw`` unless ``abort`` fires first; then cancel it and raise _Aborted."""
+    if abort is None:
+        return await aw
+    task = asyncio.ensure_future(aw)
+    if abort.is_set():
+        task.cancel()
+    else:
+        waiter = asyncio.ensure_future(abort.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+    if task.cancelled() or not task.done():
+        # Let the cancelled read unwind (the SDK closes its response there).
+        with contextlib.suppress(BaseException):
+            await task
+        raise _Aborted
+    return task.result()
+
+
+async def drive(
+    builder: Builder,
+    *,
+    open_stream: Callable[[], Awaitable[SDKStream]],
+    handle: Callable[[Any], Iterable[StreamEvent]],
+    finish: Callable[[], list[StreamEvent]],
+    translate: Callable[[Exception], ModelError],
+    abort: asyncio.Event | None,
+) -> AsyncIterator[StreamEvent]:
+    """Run one request: StartEvent, the handled chunks, then ``finish()`` or an ErrorEvent.
+
+    ``handle`` and ``finish`` may raise ``ModelError`` for failures the server
+    reports inside the stream. The HTTP stream is closed on every exit: the
+    end of data, an abort, an error, or the consumer closing this iterator.
+    """
+    yield builder.start()
+    sdk: SDKStream | None = None
+    try:
+        sdk = await _race(open_stream(), abort)
+        while True:
+            try:
+                chunk = await _race(sdk.__anext__(), abort)
+            except StopAsyncIteration:
+                break
+            for event in handle(chunk):
+                yield event
+        if abort is not None and abort.is_set():
+            raise _Aborted
+        for event in finish():
+            yield event
+    except _Aborted:
+        yield builder.failed(None, aborted=True)
+    except Exception as exc:
+        yield builder.failed(translate(exc))
+    finally:
+        if sdk is not None:
+            with contextlib.suppress(Exception):
+                await sdk.close()
+
+
+# --------------------------------------------------------------------------- errors
+
+# How providers word a context overflow: OpenAI ("maximum context length"),
+# Anthropic ("prompt is too long"), llama.cpp ("exceeds the available context
+# size"), vLLM, Ollama and others ("context window", "too many tokens").
+_OVERFLOW = re.compile(
+    r"prompt is too long|input is too long|context[ _-]?(length|window|size)|maximum context"
+    r"|too many tokens|input length and `?max_tokens`? exceed|reduce the length of the",
+    re.IGNORECASE,
+)
+_TRANSIENT_TYPES = {"overloaded_error", "api_error", "server_error", "timeout_error"}
+_AUTH_TYPES = {"authentication_error", "permission_error", "invalid_api_key"}
+_RATE_TYPES = {"rate_limit_error", "rate_limit_exceeded", "tokens", "requests"}
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        with contextlib.suppress(ValueError):
+            return max(float(ms) / 1000, 0.0)
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(float(value), 0.0)
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(when.timestamp() - time.time(), 0.0)
+    return None
+
+
+def classify(
+    message: str,
+    *,
+    info: ModelInfo,
+    status: int | None = None,
+    code: str | None = None,
+    kind: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ModelError:
+    """The typed error for what a provider reported (status, error code/type, text)."""
+    where = f"{info.provider}:{info.id}"
+    text = f"{where}: {message}"
+    args: dict[str, Any] = {"provider": info.provider, "model": info.id, "status_code": status}
+    labels = {code, kind} - {None}
+    if status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message):
+        return ContextOverflowError(text, **args)
+    if status in (401, 403) or labels & _AUTH_TYPES:
+        return AuthenticationError(text, **args)
+    if "insufficient_quota" in labels:
+        return ModelError(text, **args)
+    if status == 429 or labels & _RATE_TYPES:
+        return RateLimitError(text, retry_after=retry_after(headers), **args)
+    if (status is not None and (status >= 500 or status == 408)) or labels & _TRANSIENT_TYPES:
+        return TransientProviderError(text, **args)
+    return ModelError(text, **args)
+
+
+def connection_error(exc: Exception, info: ModelInfo) -> ModelError:
+    detail = str(exc) or type(exc).__name__
+    return TransientProviderError(
+        f"{info.provider}:{info.id}: connection failed: {detail}",
+        provider=info.provider, model=info.id,
+    )
+
+
+def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
+    """(message, code, type) from an error body shaped ``{"error": {...}}`` or ``{...}``."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    if not isinstance(body, dict):
+        return None, None, None
+
+    def s(key: str) -> str | None:
+        v = body.get(key)
+        return str(v) if v is not None else None
+
+    return s("message"), s("code"), s("type")
+
+
+# --------------------------------------------------------------------------- transcripts
+
+_ID_OK = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def normalize_id(call_id: str, max_len: int) -> str:
+    """A tool-call id made valid for a provider (``[A-Za-z0-9_-]``, at most ``max_len``).
+
+    Pure, so a call and its result map to the same id without shared state. An
+    id that had to change gets a short hash of the original so two ids that
+    clean to the same text stay distinct.
+    """
+    base = call_id.split("|", 1)[0]  # the Responses API stores "call_id|item_id"
+    clean = _ID_OK.sub("_", base)
+    if clean == base and 0 < len(clean) <= max_len:
+        return clean
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:12]
+    return f"{clean[: max_len - len(digest) - 1]}_{digest}"
+
+
+def same_model(message: AssistantMessage, info: ModelInfo, api: str) -> bool:
+    """Whether provider-specific data in ``message`` (signatures, item ids) can go back as is."""
+    return message.provider == info.provider and message.api == api and message.model == info.id
+
+
+def thinking_as_text(part: ThinkingPart) -> str | None:
+    """Another model's reasoning, as plain text; None when nothing readable is left."""
+    if part.redacted or not part.thinking.strip():
+        return None
+    return part.thinking
+
+
+def data_url(image: ImagePart) -> str:
+    return f"data:{image.mime_type};base64,{image.data}"
+
+
+IMAGE_OMITTED = "(image omitted: this model does not accept images)"

@@ -1,0 +1,309 @@
+"""Anthropic Messages through the ``anthropic`` SDK.
+
+Thinking blocks keep their signature and redacted thinking keeps its opaque
+data (in ``signature``, with ``redacted`` set); both go back unchanged to the
+same model, which needs them to continue a tool-using turn. The system prompt
+and the latest message carry cache breakpoints, so a long conversation is read
+from the prompt cache instead of being paid for again each turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from threadline.ai.messages import (
+    AssistantMessage,
+    ImagePart,
+    Message,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
+from threadline.ai.model import ModelInfo, ReasoningEffort, Request, StreamEvent, StreamOptions
+from threadline.ai.providers._common import (
+    DEFAULT_MAX_RETRIES,
+    IMAGE_OMITTED,
+    Builder,
+    classify,
+    connection_error,
+    drive,
+    normalize_id,
+    same_model,
+    thinking_as_text,
+)
+from threadline.errors import ConfigError, ModelError, TransientProviderError
+
+try:
+    import anthropic
+    import httpx2
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ConfigError(
+        "the Anthropic provider needs the anthropic package: pip install 'threadline[anthropic]'"
+    ) from exc
+
+__all__ = ["AnthropicModel"]
+
+API = "anthropic-messages"
+MAX_ID_LEN = 64
+THINKING_BUDGET: dict[ReasoningEffort, int] = {
+    "minimal": 1024, "low": 4096, "medium": 10_000, "high": 32_000,
+}
+_STOP: dict[str, StopReason] = {
+    "end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+    "tool_use": "tool_use", "model_context_window_exceeded": "length",
+}
+_CACHE = {"type": "ephemeral"}
+
+
+class AnthropicModel:
+    """A LanguageModel speaking the Anthropic Messages API."""
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+        cache: bool = True,
+    ) -> None:
+        self._info = info
+        self._cache = cache
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url, max_retries=max_retries,
+            default_headers=headers,
+            timeout=anthropic.NOT_GIVEN if timeout is None else timeout,
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP connections."""
+        await self._client.close()
+
+    async def stream(
+        self, request: Request, options: StreamOptions | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        options = options or StreamOptions()
+        builder = Builder(self._info, API)
+        state = _State(builder)
+
+        async def open_stream() -> Any:
+            return await self._client.messages.create(**self.request_body(request, options))
+
+        async for event in drive(builder, open_stream=open_stream, handle=state.handle,
+                                 finish=state.finish, translate=self._translate,
+                                 abort=options.abort):
+            yield event
+
+    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+        """The keyword arguments for ``messages.create``."""
+        info = self._info
+        max_tokens = options.max_tokens or info.max_output_tokens
+        body: dict[str, Any] = {
+            "model": info.id,
+            "messages": to_anthropic_messages(request.messages, info, cache=self._cache),
+            "stream": True,
+        }
+        if request.system:
+            block: dict[str, Any] = {"type": "text", "text": request.system}
+            if self._cache:
+                block["cache_control"] = _CACHE
+            body["system"] = [block]
+        if request.tools:
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        if options.reasoning_effort is not None:
+            budget = THINKING_BUDGET[options.reasoning_effort]
+            # The budget counts toward max_tokens and must stay below it.
+            max_tokens = max(max_tokens, budget + 1024)
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        elif options.temperature is not None:
+            body["temperature"] = options.temperature  # not allowed together with thinking
+        body["max_tokens"] = max_tokens
+        if options.extra:
+            body["extra_body"] = dict(options.extra)
+        return body
+
+    def _translate(self, exc: Exception) -> ModelError:
+        info = self._info
+        if isinstance(exc, ModelError):
+            return exc
+        if isinstance(exc, anthropic.APIStatusError):
+            # An error event inside a 200 stream arrives with the stream's status.
+            status = exc.status_code if exc.status_code >= 400 else None
+            return classify(exc.api_message or exc.message, info=info, status=status,
+                            code=exc.error_code, kind=exc.type, headers=exc.response.headers)
+        if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+            return connection_error(exc, info)
+        return ModelError(f"{info.provider}:{info.id}: {type(exc).__name__}: {exc}",
+                          provider=info.provider, model=info.id)
+
+
+class _State:
+    """Turns Messages stream events into our stream events."""
+
+    def __init__(self, builder: Builder) -> None:
+        self.b = builder
+        self.blocks: dict[int, int] = {}  # the API's block index -> ours
+        self.stopped = False
+        self.stop_reason: str | None = None
+        self.usage: dict[str, int] = {}
+
+    def _take_usage(self, u: Any) -> None:
+        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                    "cache_creation_input_tokens"):
+            value = getattr(u, key, None)
+            if value is not None:
+                self.usage[key] = value
+        self.b.usage = Usage(
+            input_tokens=self.usage.get("input_tokens", 0),
+            output_tokens=self.usage.get("output_tokens", 0),
+            cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
+            cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
+        )
+
+    def handle(self, event: Any) -> Iterable[StreamEvent]:
+        b = self.b
+        kind = event.type
+        if kind == "message_start":
+            b.response_id = event.message.id
+            self._take_usage(event.message.usage)
+        elif kind == "content_block_start":
+            block = event.content_block
+            if block.type == "text":
+                i, start = b.open_text()
+                events = [start]
+                if block.text:
+                    events.append(b.delta(i, block.text))
+            elif block.type == "thinking":
+                i, start = b.open_thinking()
+                events = [start]
+                if block.thinking:
+                    events.append(b.delta(i, block.thinking))
+                b.blocks[i].signature = block.signature or None
+            elif block.type == "redacted_thinking":
+                i, start = b.open_thinking(redacted=True)
+                b.blocks[i].signature = block.data
+                events = [start]
+            elif block.type == "tool_use":
+                i, start = b.open_tool(block.id, block.name)
+                events = [start]
+            else:
+                return ()  # server tools and their results are not part of our messages
+            self.blocks[event.index] = i
+            return events
+        elif kind == "content_block_delta":
+            at = self.blocks.get(event.index)
+            if at is None:
+                return ()
+            delta = event.delta
+            if delta.type == "text_delta":
+                return (b.delta(at, delta.text),)
+            if delta.type == "thinking_delta":
+                return (b.delta(at, delta.thinking),)
+            if delta.type == "input_json_delta":
+                return (b.delta(at, delta.partial_json),) if delta.partial_json else ()
+            if delta.type == "signature_delta":
+                b.blocks[at].signature = (b.blocks[at].signature or "") + delta.signature
+        elif kind == "content_block_stop":
+            at = self.blocks.get(event.index)
+            if at is not None and (end := b.close(at)) is not None:
+                return (end,)
+        elif kind == "message_delta":
+            if event.delta.stop_reason:
+                self.stop_reason = event.delta.stop_reason
+            if event.usage is not None:
+                self._take_usage(event.usage)
+        elif kind == "message_stop":
+            self.stopped = True
+        return ()
+
+    def finish(self) -> list[StreamEvent]:
+        b = self.b
+        where = f"{b.info.provider}:{b.info.id}"
+        if not self.stopped:
+            raise TransientProviderError(
+                f"{where}: the stream ended before message_stop",
+                provider=b.info.provider, model=b.info.id)
+        if self.stop_reason == "refusal":
+            raise ModelError(f"{where}: the model refused to answer",
+                             provider=b.info.provider, model=b.info.id)
+        b.stop_reason = _STOP.get(self.stop_reason or "end_turn", "stop")
+        return b.done()
+
+
+# --------------------------------------------------------------------------- transcript
+
+
+def _content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p, TextPart):
+            if p.text:  # the API rejects empty text blocks
+                out.append({"type": "text", "text": p.text})
+        elif info.images:
+            out.append({"type": "image", "source": {
+                "type": "base64", "media_type": p.mime_type, "data": p.data}})
+        else:
+            out.append({"type": "text", "text": IMAGE_OMITTED})
+    return out
+
+
+def _assistant(m: AssistantMessage, info: ModelInfo) -> list[dict[str, Any]]:
+    native = same_model(m, info, API)
+    out: list[dict[str, Any]] = []
+    for p in m.content:
+        if isinstance(p, TextPart):
+            if p.text:
+                out.append({"type": "text", "text": p.text})
+        elif isinstance(p, ThinkingPart):
+            if native and p.redacted and p.signature:
+                out.append({"type": "redacted_thinking", "data": p.signature})
+            elif native and p.signature:
+                out.append({"type": "thinking", "thinking": p.thinking,
+                            "signature": p.signature})
+            elif (text := thinking_as_text(p)) is not None:
+                out.append({"type": "text", "text": text})
+        elif isinstance(p, ToolCall):
+            out.append({"type": "tool_use", "id": normalize_id(p.id, MAX_ID_LEN),
+                        "name": p.name, "input": p.arguments})
+    return out
+
+
+def to_anthropic_messages(
+    messages: Iterable[Message], info: ModelInfo, *, cache: bool = False
+) -> list[dict[str, Any]]:
+    """Our transcript as Messages API turns: roles alternate, tool results ride in user turns."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, AssistantMessage):
+            role, blocks = "assistant", _assistant(m, info)
+        elif isinstance(m, ToolResultMessage):
+            role, blocks = "user", [{
+                "type": "tool_result", "tool_use_id": normalize_id(m.tool_call_id, MAX_ID_LEN),
+                "content": _content(m.content, info) or [{"type": "text", "text": "(no output)"}],
+                "is_error": m.is_error,
+            }]
+        else:
+            role, blocks = "user", _content(m.content, info)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    if cache and out and out[-1]["role"] == "user":
+        last = out[-1]["content"][-1]
+        out[-1]["content"][-1] = {**last, "cache_control": _CACHE}
+    return out

@@ -1,0 +1,329 @@
+"""OpenAI Chat Completions (and the servers that copy it) through the ``openai`` SDK.
+
+Works with api.openai.com and OpenAI-compatible servers (Ollama, vLLM,
+llama.cpp server, OpenRouter) through ``base_url``. Reasoning text that such
+servers stream in ``reasoning_content`` or ``reasoning`` becomes thinking
+blocks; the field name is kept as the block's signature so the same model
+gets it back in the same field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import msgspec
+
+from threadline.ai.messages import (
+    AssistantMessage,
+    ImagePart,
+    Message,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
+from threadline.ai.model import ModelInfo, Request, StreamEvent, StreamOptions
+from threadline.ai.providers._common import (
+    DEFAULT_MAX_RETRIES,
+    IMAGE_OMITTED,
+    Builder,
+    classify,
+    connection_error,
+    data_url,
+    drive,
+    error_fields,
+    normalize_id,
+    same_model,
+    thinking_as_text,
+)
+from threadline.errors import ConfigError, ModelError
+
+try:
+    import httpx2
+    import openai
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ConfigError(
+        "the OpenAI providers need the openai package: pip install 'threadline[openai]'"
+    ) from exc
+
+__all__ = ["OpenAIChatModel"]
+
+API = "openai-chat"
+MAX_ID_LEN = 40  # OpenAI rejects longer tool_call ids in chat messages
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+_FINISH: dict[str, StopReason] = {
+    "stop": "stop", "length": "length", "tool_calls": "tool_use", "function_call": "tool_use",
+}
+
+
+class OpenAIChatModel:
+    """A LanguageModel speaking the Chat Completions API."""
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._info = info
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key, base_url=base_url, max_retries=max_retries,
+            default_headers=headers,
+            timeout=openai.NOT_GIVEN if timeout is None else timeout,
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP connections."""
+        await self._client.close()
+
+    async def stream(
+        self, request: Request, options: StreamOptions | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        options = options or StreamOptions()
+        builder = Builder(self._info, API)
+        state = _State(builder)
+
+        async def open_stream() -> Any:
+            return await self._client.chat.completions.create(**self.request_body(request, options))
+
+        async for event in drive(builder, open_stream=open_stream, handle=state.handle,
+                                 finish=state.finish, translate=self._translate,
+                                 abort=options.abort):
+            yield event
+
+    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+        """The keyword arguments for ``chat.completions.create``."""
+        info = self._info
+        body: dict[str, Any] = {
+            "model": info.id,
+            "messages": to_chat_messages(request.system, request.messages, info),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [
+                {"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters}}
+                for t in request.tools
+            ]
+        if options.max_tokens is not None:
+            # api.openai.com wants the new name; most compatible servers know the old one.
+            key = "max_completion_tokens" if info.provider == "openai" else "max_tokens"
+            body[key] = options.max_tokens
+        if options.temperature is not None:
+            body["temperature"] = options.temperature
+        if options.reasoning_effort is not None:
+            body["reasoning_effort"] = options.reasoning_effort
+        if options.extra:
+            body["extra_body"] = dict(options.extra)
+        return body
+
+    def _translate(self, exc: Exception) -> ModelError:
+        return translate_openai_error(exc, self._info)
+
+
+def translate_openai_error(exc: Exception, info: ModelInfo) -> ModelError:
+    """A typed error for whatever the openai SDK (or its transport) raised."""
+    if isinstance(exc, ModelError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        message, code, kind = error_fields(exc.body)
+        return classify(
+            message or exc.message, info=info, status=exc.status_code,
+            code=code or exc.code, kind=kind or exc.type, headers=exc.response.headers,
+        )
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+        return connection_error(exc, info)
+    if isinstance(exc, openai.APIError):  # an error object inside the stream
+        message, code, kind = error_fields(exc.body)
+        return classify(message or exc.message, info=info, code=code or exc.code,
+                        kind=kind or exc.type)
+    return ModelError(f"{info.provider}:{info.id}: {type(exc).__name__}: {exc}",
+                      provider=info.provider, model=info.id)
+
+
+class _State:
+    """Turns chat-completion chunks into stream events."""
+
+    def __init__(self, builder: Builder) -> None:
+        self.b = builder
+        self.current: int | None = None  # index of the open block
+        self.tools: dict[int, int] = {}  # the API's tool-call index -> block index
+        self.finish_reason: str | None = None
+
+    def _switch(self, events: list[StreamEvent]) -> None:
+        if self.current is not None and (end := self.b.close(self.current)) is not None:
+            events.append(end)
+        self.current = None
+
+    def _append(self, kind: str, text: str, events: list[StreamEvent],
+                signature: str | None = None) -> None:
+        cur = self.current
+        if cur is None or self.b.blocks[cur].kind != kind:
+            self._switch(events)
+            cur, start = self.b.open_text() if kind == "text" else self.b.open_thinking()
+            self.b.blocks[cur].signature = signature
+            self.current = cur
+            events.append(start)
+        events.append(self.b.delta(cur, text))
+
+    def handle(self, chunk: Any) -> Iterable[StreamEvent]:
+        events: list[StreamEvent] = []
+        if chunk.id:
+            self.b.response_id = chunk.id
+        if chunk.usage is not None:
+            self.b.usage = _usage(chunk.usage)
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                for name in _REASONING_FIELDS:
+                    reasoning = getattr(delta, name, None)
+                    if isinstance(reasoning, str) and reasoning:
+                        self._append("thinking", reasoning, events, signature=name)
+                        break
+                if delta.content:
+                    self._append("text", delta.content, events)
+                for tc in delta.tool_calls or ():
+                    self._tool_delta(tc, events)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+        return events
+
+    def _tool_delta(self, tc: Any, events: list[StreamEvent]) -> None:
+        fn = tc.function
+        block = self.tools.get(tc.index)
+        if block is None:
+            self._switch(events)
+            block, start = self.b.open_tool(tc.id or f"call_{tc.index}", (fn and fn.name) or "")
+            self.tools[tc.index] = block
+            self.current = block
+            events.append(start)
+        elif not self.b.is_open(block):
+            raise ModelError(
+                f"{self.b.info.provider}:{self.b.info.id}: the server interleaved tool-call "
+                f"fragments (call {tc.index} resumed after another began)",
+                provider=self.b.info.provider, model=self.b.info.id,
+            )
+        if fn is not None and fn.arguments:
+            events.append(self.b.delta(block, fn.arguments))
+
+    def finish(self) -> list[StreamEvent]:
+        reason = self.finish_reason
+        if reason == "content_filter":
+            raise ModelError(
+                f"{self.b.info.provider}:{self.b.info.id}: the response was stopped by a "
+                "content filter", provider=self.b.info.provider, model=self.b.info.id)
+        self.b.stop_reason = _FINISH.get(reason or "stop", "stop")
+        return self.b.done()
+
+
+def _usage(u: Any) -> Usage:
+    prompt = u.prompt_tokens or 0
+    details = u.prompt_tokens_details
+    cached = (details and details.cached_tokens) or 0
+    written = (details and details.cache_write_tokens) or 0
+    out_details = u.completion_tokens_details
+    return Usage(
+        input_tokens=max(prompt - cached - written, 0),
+        output_tokens=u.completion_tokens or 0,
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+        reasoning_tokens=(out_details and out_details.reasoning_tokens) or 0,
+    )
+
+
+# --------------------------------------------------------------------------- transcript
+
+
+def _user_content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> str | list[Any]:
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p, TextPart):
+            out.append({"type": "text", "text": p.text})
+        elif info.images:
+            out.append({"type": "image_url", "image_url": {"url": data_url(p)}})
+        else:
+            out.append({"type": "text", "text": IMAGE_OMITTED})
+    if all(o["type"] == "text" for o in out):
+        # Plain strings are what every compatible server accepts.
+        return "\n".join(o["text"] for o in out)
+    return out
+
+
+def _assistant(m: AssistantMessage, info: ModelInfo) -> dict[str, Any] | None:
+    native = same_model(m, info, API)
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    msg: dict[str, Any] = {"role": "assistant"}
+    for p in m.content:
+        if isinstance(p, TextPart):
+            if p.text:
+                texts.append(p.text)
+        elif isinstance(p, ThinkingPart):
+            if native and p.signature in _REASONING_FIELDS and p.thinking:
+                msg[p.signature] = msg.get(p.signature, "") + p.thinking
+            elif (text := thinking_as_text(p)) is not None:
+                texts.append(text)
+        elif isinstance(p, ToolCall):
+            calls.append({
+                "id": normalize_id(p.id, MAX_ID_LEN), "type": "function",
+                "function": {"name": p.name,
+                             "arguments": msgspec.json.encode(p.arguments).decode()},
+            })
+    if not texts and not calls:
+        return None
+    msg["content"] = "\n\n".join(texts) if texts else None
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def to_chat_messages(
+    system: str | None, messages: Iterable[Message], info: ModelInfo
+) -> list[dict[str, Any]]:
+    """Our transcript as Chat Completions messages."""
+    out: list[dict[str, Any]] = []
+    if system:
+        role = "developer" if info.provider == "openai" and info.reasoning else "system"
+        out.append({"role": role, "content": system})
+    pending_images: list[ImagePart] = []
+    for m in messages:
+        if not isinstance(m, ToolResultMessage) and pending_images:
+            out.append(_tool_images(pending_images, info))
+            pending_images = []
+        if isinstance(m, ToolResultMessage):
+            text = "\n".join(p.text for p in m.content if isinstance(p, TextPart))
+            images = [p for p in m.content if isinstance(p, ImagePart)]
+            if images:
+                text = text or "(see the attached image)"
+                pending_images.extend(images)
+            out.append({"role": "tool", "tool_call_id": normalize_id(m.tool_call_id, MAX_ID_LEN),
+                        "content": text or "(no output)"})
+        elif isinstance(m, AssistantMessage):
+            converted = _assistant(m, info)
+            if converted is not None:
+                out.append(converted)
+        else:
+            out.append({"role": "user", "content": _user_content(m.content, info)})
+    if pending_images:
+        out.append(_tool_images(pending_images, info))
+    return out
+
+
+def _tool_images(images: list[ImagePart], info: ModelInfo) -> dict[str, Any]:
+    # Tool messages carry text only, so images a tool returned follow in a user message.
+    parts: list[TextPart | ImagePart] = [TextPart(text="Images returned by the tool calls above:")]
+    return {"role": "user", "content": _user_content([*parts, *images], info)}

@@ -1,0 +1,520 @@
+"""The durable agent (S1-S5, S10, S11, S13).
+
+A ``DurableAgent`` owns the transcript state of one session: its id, the
+loaded entries, a tree index and an in-memory leaf. It holds no application
+state. Every mutation goes through the store first and only then changes
+memory, is reported to a run's consumer, or is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeAlias
+
+import msgspec
+
+from threadline.agent.events import AgentEvent, Loop, MessageEnd
+from threadline.ai.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from threadline.durable.events import (
+    LifecycleEvent,
+    PublisherLike,
+    RunEvent,
+    RunStarted,
+    SessionBranched,
+    SessionCompacted,
+    SessionForked,
+    SessionInit,
+    StoredMessageEnd,
+)
+from threadline.durable.repair import orphaned_results
+from threadline.errors import AgentError, NoLoopError, SessionNotFound
+from threadline.session.codec import rechain_opaque
+from threadline.session.context import build_context
+from threadline.session.entries import (
+    CompactionEntry,
+    Entry,
+    MessageEntry,
+    OpaqueEntry,
+    SessionRecord,
+    utcnow,
+)
+from threadline.session.ids import new_id
+from threadline.session.store import Store
+from threadline.session.tree import TreeIndex
+
+__all__ = ["DurableAgent", "Factory", "PublishError", "Run", "RunInput", "open"]
+
+log = logging.getLogger("threadline.durable")
+
+Factory: TypeAlias = Callable[[], Loop]
+"""Builds the inner loop for one run."""
+
+RunInput: TypeAlias = str | Message | Sequence[Message]
+
+
+class PublishError(AgentError):
+    """The effect is stored, but the publisher raised.
+
+    ``result`` is what the call would have returned (the agent for ``open`` and
+    ``fork``, the entry for ``compact``), so the caller loses nothing.
+    """
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+async def open(
+    factory: Factory | None,
+    *,
+    store: Store,
+    session_id: str | None = None,
+    publisher: PublisherLike | None = None,
+    repair: bool = True,
+) -> DurableAgent:
+    """Resume the session ``session_id`` or create it (S2).
+
+    With no ``session_id`` a new one is generated (``agent.session_id``).
+    Tool calls on the active path left without results by a crash get
+    synthesized "interrupted" results appended (S12) unless ``repair=False``.
+    """
+    created = False
+    if session_id is None:
+        session_id = new_id()
+    if not isinstance(session_id, str) or not session_id:
+        raise AgentError(f"session id must be a non-empty string, got {session_id!r}")
+    try:
+        entries = await store.load_entries(session_id)
+    except SessionNotFound:
+        await store.create_session(SessionRecord(id=session_id, created_at=utcnow()))
+        entries = []
+        created = True
+    agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
+                         publisher=publisher)
+    if repair:
+        await agent._repair()
+    if created:
+        agent._publish([SessionInit(session_id=session_id, parent_id=None)], agent)
+    return agent
+
+
+class DurableAgent:
+    """One live view of a session. Build it with ``await durable.open(...)``."""
+
+    def __init__(
+        self,
+        factory: Factory | None,
+        *,
+        store: Store,
+        session_id: str,
+        entries: Sequence[Entry] = (),
+        publisher: PublisherLike | None = None,
+    ) -> None:
+        self._factory = factory
+        self._store = store
+        self._session_id = session_id
+        self._tree = TreeIndex(entries, session_id=session_id)
+        self._publisher = publisher
+        self._lock = asyncio.Lock()
+        self._running = False
+        self.repaired: tuple[Entry, ...] = ()
+        """Entries crash repair appended when this agent was opened."""
+        self.diagnostics: tuple[str, ...] = tuple(getattr(entries, "diagnostics", ()))
+        """What the store noticed while loading (a torn last line, ...)."""
+
+    # -- reads ---------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def factory(self) -> Factory | None:
+        return self._factory
+
+    @property
+    def publisher(self) -> PublisherLike | None:
+        return self._publisher
+
+    @property
+    def entries(self) -> list[Entry]:
+        """Every entry of the session in append order (all branches)."""
+        return self._tree.entries
+
+    @property
+    def leaf(self) -> Entry | None:
+        return self._tree.leaf
+
+    @property
+    def leaf_id(self) -> str | None:
+        return self._tree.leaf_id
+
+    @property
+    def tree(self) -> TreeIndex:
+        return self._tree
+
+    def get(self, entry_id: str) -> Entry:
+        return self._tree.get(entry_id)
+
+    def children(self, entry_id: str | None) -> list[Entry]:
+        return self._tree.children(entry_id)
+
+    def path(self) -> list[Entry]:
+        """The active branch: root to leaf."""
+        return self._tree.path()
+
+    def messages(self) -> list[Message]:
+        """The model context built from the active path."""
+        return build_context(self._tree.path())
+
+    # -- mutations -------------------------------------------------------------
+
+    async def append(self, *items: Message | Entry) -> list[Entry]:
+        """Append messages or entries at the leaf, chained one after another.
+
+        Entries keep their type and payload; their id, parent and timestamp
+        are assigned here. Returns the entries as stored.
+        """
+        async with self._lock:
+            written = await self._append(items)
+        return written
+
+    def branch(self, entry_id: str | None) -> None:
+        """Move the leaf in memory; the next append becomes a child of ``entry_id``.
+
+        ``None`` makes the next append a new root. Nothing is written: the
+        branch exists once something is appended to it.
+        """
+        if self._running:
+            raise AgentError(
+                f"cannot branch session {self._session_id!r} while a run is in progress"
+            )
+        before = self._tree.leaf_id
+        self._tree.set_leaf(entry_id)
+        self._publish(
+            [SessionBranched(session_id=self._session_id, from_id=before, to_id=entry_id)],
+            None,
+        )
+
+    async def fork(self, session_id: str | None = None) -> DurableAgent:
+        """Copy the active path into a new child session and return its agent (S10).
+
+        The child's record has ``parent_id`` set to this session. Entries get
+        fresh ids, re-chained in order, each keeping ``origin_id`` = the id it
+        copies; all are written in one ``append_entries`` call. On error no
+        event is published (a child record may exist without entries).
+        """
+        child_id = session_id or new_id()
+        async with self._lock:
+            path = self._tree.path()
+            await self._store.create_session(
+                SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
+            )
+            copies = _rechain(path)
+            if copies:
+                await self._store.append_entries(child_id, copies)
+            leaf_id = self._tree.leaf_id
+        child = DurableAgent(self._factory, store=self._store, session_id=child_id,
+                             entries=copies, publisher=self._publisher)
+        self._publish(
+            [
+                SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,
+                              entries_copied=len(copies)),
+                SessionInit(session_id=child_id, parent_id=self._session_id),
+            ],
+            child,
+        )
+        return child
+
+    async def compact(
+        self,
+        summary: str,
+        first_kept_entry_id: str,
+        *,
+        tokens_before: int = 0,
+        details: Any = None,
+    ) -> CompactionEntry:
+        """Append a compaction entry at the leaf.
+
+        From then on the model sees ``summary`` followed by the path from
+        ``first_kept_entry_id`` on; the entries before it stay stored.
+        """
+        path_ids = {e.id for e in self._tree.path()}
+        if first_kept_entry_id not in path_ids:
+            raise AgentError(
+                f"first kept entry {first_kept_entry_id!r} is not on the active path of "
+                f"session {self._session_id!r}"
+            )
+        entry = CompactionEntry(summary=summary, first_kept_entry_id=first_kept_entry_id,
+                                tokens_before=tokens_before, details=details)
+        async with self._lock:
+            (stored,) = await self._append([entry])
+        assert isinstance(stored, CompactionEntry)
+        self._publish([SessionCompacted(session_id=self._session_id, entry=stored)], stored)
+        return stored
+
+    def run(self, input: RunInput) -> Run:
+        """Run the loop on ``input``; iterate the result for events (S11).
+
+        Every event is forwarded only after what it reports is stored:
+        ``RunStarted`` after the input is appended, each ``MessageEnd`` as a
+        ``StoredMessageEnd`` after its message is appended. If a store write
+        fails, the event is not forwarded, the loop is cancelled and the error
+        is raised to the consumer. Stopping early (``break``, ``aclose``, task
+        cancellation) aborts the loop and stores what it ended with.
+        """
+        if self._factory is None:
+            raise NoLoopError(
+                f"session {self._session_id!r} was opened without a factory, so it has no "
+                "agent loop to run; pass durable.model(...) or another factory to open()"
+            )
+        messages = _as_messages(input)
+        return Run(self._run(self._factory, messages))
+
+    # -- internals -------------------------------------------------------------
+
+    async def _append(self, items: Sequence[Message | Entry]) -> list[Entry]:
+        parent = self._tree.leaf_id
+        batch: list[Entry] = []
+        for item in items:
+            entry = _to_entry(item, parent)
+            batch.append(entry)
+            parent = entry.id
+        if not batch:
+            return []
+        write = asyncio.ensure_future(self._store.append_entries(self._session_id, batch))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # The write may already be on disk: finish it so memory matches the
+            # store, then let the cancellation continue.
+            try:
+                await write
+            except Exception:
+                raise asyncio.CancelledError() from None
+            self._add(batch)
+            raise
+        self._add(batch)
+        return batch
+
+    def _add(self, batch: Sequence[Entry]) -> None:
+        for entry in batch:
+            self._tree.add(entry)
+
+    async def _repair(self) -> None:
+        results = orphaned_results(self._tree.path())
+        if results:
+            async with self._lock:
+                self.repaired = tuple(await self._append(results))
+            log.info("session %s: answered %d interrupted tool call(s)",
+                     self._session_id, len(results))
+
+    async def _run(
+        self, factory: Factory, input: list[Message]
+    ) -> AsyncGenerator[RunEvent, None]:
+        async with self._lock:
+            self._running = True
+            try:
+                context = build_context(self._tree.path())
+                input_entries = await self._append(input)
+                yield RunStarted(session_id=self._session_id, entries=tuple(input_entries))
+                # The loop runs in its own task so that however the consumer
+                # leaves (break, aclose, cancellation) the loop only ever sees
+                # the abort signal, winds down, and its tail gets stored.
+                pump = _Pump(self, factory, context, input, input_entries)
+                try:
+                    while True:
+                        item = await pump.next()
+                        if item is None:
+                            break
+                        yield item
+                finally:
+                    await pump.detach()
+            finally:
+                self._running = False
+    def _publish(self, events: list[LifecycleEvent], result: Any) -> None:
+        publisher = self._publisher
+        if publisher is None:
+            return
+        publish = publisher.publish if hasattr(publisher, "publish") else publisher
+        first_error: BaseException | None = None
+        for event in events:
+            try:
+                publish(event)
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise PublishError(
+                f"session {self._session_id!r}: the publisher raised "
+                f"{type(first_error).__name__}: {first_error} (the change itself is stored)",
+                result,
+            ) from first_error
+
+
+class _Pump:
+    """Drives the inner loop in its own task, storing before forwarding."""
+
+    def __init__(
+        self,
+        agent: DurableAgent,
+        factory: Factory,
+        context: list[Message],
+        input: list[Message],
+        input_entries: list[Entry],
+    ) -> None:
+        self._agent = agent
+        self._abort = asyncio.Event()
+        self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=1)
+        self._pending_input = list(input_entries)
+        self._detached = False
+        self._task = asyncio.create_task(self._main(factory, context, input))
+
+    async def next(self) -> RunEvent | None:
+        item = await self._queue.get()
+        if isinstance(item, _Failure):
+            raise item.error
+        return item
+
+    async def detach(self) -> None:
+        """The consumer is done: abort the loop if it still runs and wait for its tail."""
+        if self._task.done():
+            return
+        self._detached = True
+        self._abort.set()
+        while not self._queue.empty():  # unblock a put waiting for the consumer
+            self._queue.get_nowait()
+        await asyncio.shield(self._task)
+
+    async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
+        events: AsyncIterator[AgentEvent] | None = None
+        try:
+            events = factory().run(context, input, abort=self._abort)
+            async for event in events:
+                stored = await self._store(event)
+                if not self._detached:
+                    await self._queue.put(stored)
+            if not self._detached:
+                await self._queue.put(None)
+        except Exception as exc:
+            if self._detached:
+                log.exception(
+                    "session %s: storing an aborted run's tail failed; crash repair will "
+                    "answer its open tool calls on next open", self._agent.session_id)
+            else:
+                await self._queue.put(_Failure(exc))
+        finally:
+            if events is not None:
+                await _aclose(events)
+
+    async def _store(self, event: AgentEvent) -> RunEvent:
+        if not isinstance(event, MessageEnd):
+            return event
+        pending = self._pending_input
+        if pending and _same_input(pending[0], event.message):
+            written = [pending.pop(0)]
+        else:
+            written = await self._agent._append([event.message])
+        return StoredMessageEnd(message=event.message, entries=tuple(written))
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class Run:
+    """The event stream of one durable run.
+
+    Iterate it (``async for``). Use ``async with agent.run(...) as run`` to be
+    sure the run is wound down and its tail stored before the block exits
+    even if you stop early.
+    """
+
+    __slots__ = ("_gen",)
+
+    def __init__(self, gen: AsyncGenerator[RunEvent, None]) -> None:
+        self._gen = gen
+
+    def __aiter__(self) -> Run:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> Run:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def collect(self) -> list[RunEvent]:
+        """Consume the whole run and return its events."""
+        return [event async for event in self]
+
+
+_MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage)
+
+
+def _as_messages(input: RunInput) -> list[Message]:
+    if isinstance(input, str):
+        return [UserMessage.of(input)]
+    if isinstance(input, _MESSAGE_TYPES):
+        return [input]
+    messages = list(input)
+    for m in messages:
+        if not isinstance(m, _MESSAGE_TYPES):
+            raise AgentError(f"run input must be a string or messages, got {type(m).__name__}")
+    return messages
+
+
+def _to_entry(item: Message | Entry, parent: str | None) -> Entry:
+    if isinstance(item, _MESSAGE_TYPES):
+        return MessageEntry(parent_id=parent, message=item)
+    if isinstance(item, OpaqueEntry):
+        return rechain_opaque(item, id=new_id(), parent_id=parent)
+    return msgspec.structs.replace(item, id=new_id(), parent_id=parent, timestamp=utcnow())
+
+
+def _same_input(entry: Entry, message: Message) -> bool:
+    return isinstance(entry, MessageEntry) and entry.message == message
+
+
+def _rechain(path: Sequence[Entry]) -> list[Entry]:
+    ids: dict[str, str] = {}
+    out: list[Entry] = []
+    parent: str | None = None
+    for entry in path:
+        new = new_id()
+        ids[entry.id] = new
+        if isinstance(entry, OpaqueEntry):
+            copy: Entry = rechain_opaque(entry, id=new, parent_id=parent)
+        else:
+            copy = msgspec.structs.replace(entry, id=new, parent_id=parent, origin_id=entry.id)
+            if isinstance(copy, CompactionEntry) and copy.first_kept_entry_id in ids:
+                copy = msgspec.structs.replace(
+                    copy, first_kept_entry_id=ids[copy.first_kept_entry_id]
+                )
+        out.append(copy)
+        parent = new
+    return out
+
+
+async def _aclose(events: AsyncIterator[AgentEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()

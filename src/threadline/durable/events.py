@@ -1,0 +1,96 @@
+"""What the durable agent reports: run receipts (S11) and lifecycle events (S13)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from threadline.agent.events import AgentEvent, MessageEnd
+from threadline.session.entries import CompactionEntry, Entry
+
+__all__ = [
+    "LifecycleEvent",
+    "Publisher",
+    "PublisherLike",
+    "RunEvent",
+    "RunStarted",
+    "SessionBranched",
+    "SessionCompacted",
+    "SessionForked",
+    "SessionInit",
+    "StoredMessageEnd",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """First event of every durable run: the input is already stored."""
+
+    session_id: str
+    entries: tuple[Entry, ...]
+    type: Literal["run_started"] = "run_started"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessageEnd(MessageEnd):
+    """A ``MessageEnd`` whose message is already in the store, as ``entries``."""
+
+    entries: tuple[Entry, ...] = ()
+
+
+RunEvent: TypeAlias = AgentEvent | RunStarted | StoredMessageEnd
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInit:
+    """A session was created (by ``open``, or as a fork's child)."""
+
+    session_id: str
+    parent_id: str | None
+    type: Literal["session_init"] = "session_init"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionBranched:
+    """The in-memory leaf moved; the next append continues from ``to_id``."""
+
+    session_id: str
+    from_id: str | None
+    to_id: str | None
+    type: Literal["session_branched"] = "session_branched"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionForked:
+    """``session_id``'s active path was copied into the new session ``child_id``."""
+
+    session_id: str
+    child_id: str
+    leaf_id: str | None
+    entries_copied: int
+    type: Literal["session_forked"] = "session_forked"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCompacted:
+    session_id: str
+    entry: CompactionEntry
+    type: Literal["session_compacted"] = "session_compacted"
+
+
+LifecycleEvent: TypeAlias = SessionInit | SessionBranched | SessionForked | SessionCompacted
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """Receives lifecycle events after their effect is stored.
+
+    Called synchronously on the mutating call's path, outside the agent's lock:
+    keep it fast, hand slow work to a queue.
+    """
+
+    def publish(self, event: LifecycleEvent) -> None: ...
+
+
+PublisherLike: TypeAlias = Publisher | Callable[[LifecycleEvent], None]

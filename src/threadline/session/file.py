@@ -1,0 +1,424 @@
+"""The JSON-lines file store (S8): one append-only file per session.
+
+Layout: ``<root>/<name>.jsonl``. Line 1 is a ``session_init`` object (format
+version, id, parent id, creation time); every later line is one entry, in
+append order. Nothing is ever rewritten.
+
+File names. An id made only of lowercase letters, digits, ``-`` and ``_``
+(at most 100 characters, not a Windows device name such as ``con``) is its
+own file name. Every other id is written as ``=`` plus the lowercase base32
+of its UTF-8 bytes, or ``==`` plus its SHA-256 when that would be too long.
+Neither form can contain a path separator, and readable names never start
+with ``=``, so no id can leave the root and no two ids share a file, even on
+a case-insensitive or Unicode-normalising file system. The id stored in the
+first line is checked on every open.
+
+Writes:
+
+- ``create_session`` writes the first line to a temporary file, fsyncs it and
+  hard-links it to the final name. ``link`` fails if the name exists, so of
+  two processes creating one id exactly one wins, and a session file is never
+  seen half-created. The directory is fsynced.
+- ``append_entries`` takes an exclusive ``flock`` on the file. If the last
+  line has no newline (a writer died mid-write), the fragment is copied to
+  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline. All
+  lines then go out in one ``os.write`` (short writes are continued), then
+  ``fdatasync``, then the lock is released.
+- A failed fsync is never retried: the kernel may have dropped the dirty
+  pages already, so a retry could report data as safe that is not. The store
+  raises ``DurabilityError`` and refuses every later write on that object;
+  open a new ``FileStore`` after checking the disk.
+
+``durability="flush"`` skips every fsync. Appends are then written to the
+operating system before ``append_entries`` returns, so they survive the
+process being killed, but not a power failure or kernel crash: the entries of
+the last few seconds (and sessions created in that time) can be missing or
+the file can end in a torn line, which the next load reports and the next
+append moves aside.
+
+Reads take a shared lock, read the whole file in one call and decode it with
+msgspec. A torn last line is ignored and reported (a ``RuntimeWarning`` and a
+string in ``EntryLog.diagnostics``); any other line that does not decode
+raises ``CorruptLog`` with the file and line number.
+
+Blocking I/O runs in a worker thread (``asyncio.to_thread``) so the event
+loop is not stalled by an fsync or a large read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from threadline.errors import (
+    ConfigError,
+    CorruptLog,
+    DurabilityError,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+)
+from threadline.session.codec import _entry_decoder, decode_entry, decode_init, encode_entries
+from threadline.session.codec import encode_init as _encode_init
+from threadline.session.entries import CustomEntry, Entry, SessionRecord
+from threadline.session.memory import check_session_id, page_records
+from threadline.session.store import EntryLog, SessionPage
+
+__all__ = ["FileStore", "session_file_name"]
+
+Durability = Literal["fsync", "flush"]
+_T = TypeVar("_T")
+
+SUFFIX = ".jsonl"
+_READABLE = re.compile(r"[a-z0-9_-]{1,100}")
+_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul"}
+    | {f"{p}{n}" for p in ("com", "lpt") for n in "0123456789¹²³"}
+)
+_MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
+
+
+def session_file_name(session_id: str) -> str:
+    """The file name (inside the root) that holds ``session_id``."""
+    check_session_id(session_id)
+    if _READABLE.fullmatch(session_id) and session_id not in _DEVICE_NAMES:
+        return session_id + SUFFIX
+    raw = session_id.encode("utf-8")
+    if len(raw) <= _MAX_BASE32_BYTES:
+        return "=" + base64.b32encode(raw).decode("ascii").rstrip("=").lower() + SUFFIX
+    return "==" + hashlib.sha256(raw).hexdigest() + SUFFIX
+
+
+def _fdatasync(fd: int) -> None:
+    # macOS has no fdatasync; fsync is the closest it offers.
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class FileStore:
+    """Sessions as JSON-lines files under ``root`` (created if missing).
+
+    Safe to share between asyncio tasks and threads, and between processes
+    on one machine (``flock``); not on network file systems whose ``flock``
+    is not shared between machines.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], durability: Durability = "fsync") -> None:
+        if durability not in ("fsync", "flush"):
+            raise ConfigError(f"durability must be 'fsync' or 'flush', got {durability!r}")
+        self.root = Path(root)
+        self.durability: Durability = durability
+        self._poisoned: str | None = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"FileStore({str(self.root)!r}, durability={self.durability!r})"
+
+    def path_for(self, session_id: str) -> Path:
+        """Where ``session_id`` lives (whether or not it exists)."""
+        return self.root / session_file_name(session_id)
+
+    # -- the Store contract ---------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await self._thread("create", record.id, self._create, record)
+
+    async def load_entries(self, session_id: str) -> EntryLog:
+        log = await self._thread("load", session_id, self._load, session_id)
+        for diagnostic in log.diagnostics:
+            warnings.warn(diagnostic, RuntimeWarning, stacklevel=2)
+        return log
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        await self._thread("append to", session_id, self._append, session_id, entries)
+
+    # -- beyond the contract --------------------------------------------------
+
+    async def load_session(self, session_id: str) -> SessionRecord:
+        return await self._thread("load", session_id, self._load_session, session_id)
+
+    async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
+        records = await self._thread("list", None, self._all_records)
+        return page_records(records, limit=limit, cursor=cursor)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._thread("delete", session_id, self._delete, session_id)
+
+    async def close(self) -> None:
+        """Nothing to release: every call opens and closes its own file."""
+
+    # -- blocking implementation ----------------------------------------------
+
+    async def _thread(
+        self, verb: str, session_id: str | None, fn: Callable[..., _T], *args: Any
+    ) -> _T:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except OSError as exc:
+            what = "sessions" if session_id is None else f"session {session_id!r}"
+            raise StoreError(f"cannot {verb} {what} in {self.root}: {exc}",
+                             session_id=session_id) from exc
+
+    def _check_writable(self, session_id: str) -> None:
+        if self._poisoned is not None:
+            raise DurabilityError(
+                f"this FileStore refuses writes after an earlier fsync failure "
+                f"({self._poisoned}); open a new FileStore once the disk is checked",
+                session_id=session_id,
+            )
+
+    def _poison(self, session_id: str, what: str, exc: OSError) -> DurabilityError:
+        self._poisoned = f"{what}: {exc}"
+        return DurabilityError(f"{what}: {exc}", session_id=session_id)
+
+    def _sync_dir(self, session_id: str) -> None:
+        if self.durability != "fsync":
+            return
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._poison(session_id, f"fsync of directory {self.root} failed", exc) from exc
+
+    def _open(self, session_id: str, flags: int) -> tuple[int, Path]:
+        path = self.path_for(session_id)
+        try:
+            return os.open(path, flags | os.O_CLOEXEC), path
+        except FileNotFoundError:
+            raise SessionNotFound(session_id, str(self.root)) from None
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc}", session_id=session_id) from exc
+
+    def _read_record(self, fd: int, session_id: str | None, path: Path) -> SessionRecord:
+        """Decode the first line and check it names ``session_id``."""
+        head = b""
+        while True:
+            chunk = os.pread(fd, 1 << 16, len(head))
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                head += chunk[:newline]
+                break
+            if not chunk:
+                raise CorruptLog("no complete session_init line",
+                                 session_id=session_id, path=str(path), line=1)
+            head += chunk
+        return self._check_record(head, session_id, path)
+
+    def _check_record(self, line: bytes, session_id: str | None, path: Path) -> SessionRecord:
+        record = decode_init(line, session_id=session_id, path=str(path))
+        expected = session_id if session_id is not None else record.id
+        if record.id != expected or session_file_name(record.id) != path.name:
+            raise CorruptLog(
+                f"session_init names session {record.id!r}, which does not belong in this file",
+                session_id=session_id, path=str(path), line=1,
+            )
+        return record
+
+    def _create(self, record: SessionRecord) -> None:
+        self._check_writable(record.id)
+        path = self.path_for(record.id)
+        line = _encode_init(record) + b"\n"
+        tmp = self.root / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, line)
+                if self.durability == "fsync":
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise SessionExists(record.id, str(path)) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._sync_dir(record.id)
+
+    def _append(self, session_id: str, entries: Sequence[Entry]) -> None:
+        self._check_writable(session_id)
+        data = encode_entries(entries)
+        fd, path = self._open(session_id, os.O_RDWR | os.O_APPEND)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink == 0:  # deleted while we waited for the lock
+                raise SessionNotFound(session_id, str(self.root))
+            self._read_record(fd, session_id, path)
+            if not data:
+                return
+            size = self._repair_tail(fd, path, session_id)
+            try:
+                _write_all(fd, data)
+            except OSError as exc:
+                # Keep the append all-or-nothing: cut off what did get written.
+                try:
+                    os.ftruncate(fd, size)
+                except OSError as exc2:
+                    raise self._poison(
+                        session_id, f"append to {path} failed ({exc}) and could not be undone",
+                        exc2,
+                    ) from exc
+                raise StoreError(f"append to {path} failed: {exc}",
+                                 session_id=session_id) from exc
+            if self.durability == "fsync":
+                try:
+                    _fdatasync(fd)
+                except OSError as exc:
+                    raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
+        finally:
+            os.close(fd)  # also releases the lock
+
+    def _repair_tail(self, fd: int, path: Path, session_id: str) -> int:
+        """Make the file end at a newline; return its size."""
+        size = os.fstat(fd).st_size
+        if os.pread(fd, 1, size - 1) == b"\n":
+            return size
+        end = size
+        while True:  # line 1 ends in a newline (checked by _read_record)
+            start = max(0, end - (1 << 16))
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                cut = start + newline + 1
+                break
+            end = start
+        fragment = os.pread(fd, size - cut, cut)
+        n = 1
+        while True:
+            aside = path.with_name(f"{path.name}.torn-{n}")
+            try:
+                afd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                break
+            except FileExistsError:
+                n += 1
+        try:
+            _write_all(afd, fragment)
+            if self.durability == "fsync":
+                try:
+                    os.fsync(afd)
+                except OSError as exc:
+                    raise self._poison(session_id, f"fsync of {aside} failed", exc) from exc
+        finally:
+            os.close(afd)
+        self._sync_dir(session_id)
+        # The truncation reaches the disk with the append's fdatasync.
+        os.ftruncate(fd, cut)
+        return cut
+
+    def _load(self, session_id: str) -> EntryLog:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        with open(fd, "rb", closefd=True) as f:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            data = f.read()
+        first = data.find(b"\n")
+        if first < 0:
+            raise CorruptLog("no complete session_init line",
+                             session_id=session_id, path=str(path), line=1)
+        self._check_record(data[:first], session_id, path)
+        end = data.rfind(b"\n") + 1
+        diagnostics: list[str] = []
+        if end < len(data):
+            lineno = data.count(b"\n", 0, end) + 1
+            diagnostics.append(
+                f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
+                f"with no newline), left by an append that did not finish"
+            )
+        return EntryLog(_decode_body(data, first + 1, end, session_id, path), diagnostics)
+
+    def _load_session(self, session_id: str) -> SessionRecord:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            return self._read_record(fd, session_id, path)
+        finally:
+            os.close(fd)
+
+    def _all_records(self) -> list[SessionRecord]:
+        # No cache: a deleted and re-created session can get the old inode
+        # back, so only reading the first line is sure to be current.
+        records: list[SessionRecord] = []
+        with os.scandir(self.root) as it:
+            for item in it:
+                if not item.name.endswith(SUFFIX) or item.name.startswith("."):
+                    continue
+                try:
+                    fd = os.open(item.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # deleted while we listed
+                try:
+                    records.append(self._read_record(fd, None, Path(item.path)))
+                finally:
+                    os.close(fd)
+        return records
+
+    def _delete(self, session_id: str) -> None:
+        self._check_writable(session_id)
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink == 0:
+                raise SessionNotFound(session_id, str(self.root))
+            self._read_record(fd, session_id, path)
+            # Unlinking under the lock: an appender that opened the file
+            # earlier sees st_nlink == 0 once it gets the lock, and fails.
+            os.unlink(path)
+            for aside in self.root.glob(f"{glob_escape(path.name)}.torn-*"):
+                aside.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        self._sync_dir(session_id)
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path) -> list[Entry]:
+    """Decode the entry lines in ``data[start:end]`` (line 2 on).
+
+    One msgspec call decodes the whole body in the common case. When that
+    fails, decoding line by line finds the bad line's number and turns entry
+    types this version does not know into opaque entries.
+    """
+    try:
+        entries: list[Any] = _entry_decoder.decode_lines(memoryview(data)[start:end])
+    except msgspec.DecodeError:
+        pass
+    else:
+        # decode_lines skips blank lines; this store never writes one, so a
+        # count mismatch means damage that the slow path will name.
+        if len(entries) == data.count(b"\n", start, end):
+            for i, entry in enumerate(entries):
+                # The codec gives registered kinds their class, and copies an
+                # unregistered kind's raw bytes out of the whole file's buffer.
+                if type(entry) is CustomEntry:
+                    entries[i] = decode_entry(
+                        msgspec.json.encode(entry), session_id=session_id,
+                        path=str(path), lineno=i + 2,
+                    )
+            return entries
+    return [
+        decode_entry(line, session_id=session_id, path=str(path), lineno=n)
+        for n, line in enumerate(data[start:end].split(b"\n")[:-1], start=2)
+    ]

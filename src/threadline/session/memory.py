@@ -1,0 +1,116 @@
+"""An in-process store (S8): records and logs in two separate maps.
+
+Entries are kept as their encoded JSON lines, not as the objects the caller
+passed. Entry structs are frozen, but they can hold mutable values (tool call
+``arguments``, ``details``, a registered custom class); keeping bytes means no
+caller can change stored data after the fact, and a load returns exactly what
+every other store would return for the same appends.
+
+One ``threading.Lock`` guards both maps, so the store is safe across asyncio
+tasks and threads. No method awaits while holding it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from threadline.errors import ConfigError, InvalidSessionId, SessionExists, SessionNotFound
+from threadline.session.codec import decode_entry, encode_entry
+from threadline.session.entries import Entry, SessionRecord
+from threadline.session.store import EntryLog, SessionPage, decode_cursor, encode_cursor
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Sessions that live as long as the object. Useful for tests and demos."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, SessionRecord] = {}
+        self._logs: dict[str, list[bytes]] = {}
+
+    async def create_session(self, record: SessionRecord) -> None:
+        check_session_id(record.id)
+        with self._lock:
+            if record.id in self._records:
+                raise SessionExists(record.id, "memory store")
+            self._records[record.id] = record
+            self._logs[record.id] = []
+
+    async def load_entries(self, session_id: str) -> EntryLog:
+        with self._lock:
+            lines = self._logs.get(session_id)
+            if lines is None:
+                raise SessionNotFound(session_id, "memory store")
+            lines = list(lines)
+        return EntryLog(decode_entry(line, session_id=session_id) for line in lines)
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        # Encode before taking the lock: an entry that cannot be encoded leaves
+        # the log untouched (all or nothing).
+        lines = [encode_entry(entry) for entry in entries]
+        with self._lock:
+            log = self._logs.get(session_id)
+            if log is None:
+                raise SessionNotFound(session_id, "memory store")
+            log.extend(lines)
+
+    async def load_session(self, session_id: str) -> SessionRecord:
+        with self._lock:
+            record = self._records.get(session_id)
+        if record is None:
+            raise SessionNotFound(session_id, "memory store")
+        return record
+
+    async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
+        with self._lock:
+            records = list(self._records.values())
+        return page_records(records, limit=limit, cursor=cursor)
+
+    async def delete_session(self, session_id: str) -> None:
+        with self._lock:
+            if self._records.pop(session_id, None) is None:
+                raise SessionNotFound(session_id, "memory store")
+            del self._logs[session_id]
+
+    async def close(self) -> None:
+        """Nothing to release; the data stays readable until the object is dropped."""
+
+
+def check_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidSessionId(f"session id must be a non-empty string, got {session_id!r}")
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidSessionId(
+            f"session id {session_id!r} is not valid Unicode text", session_id=session_id
+        ) from exc
+    return session_id
+
+
+def _aware(dt: datetime) -> datetime:
+    # A naive created_at is taken as UTC so it can be ordered with aware ones.
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
+
+
+def page_records(
+    records: list[SessionRecord], *, limit: int, cursor: str | None
+) -> SessionPage:
+    """One page of ``records``, newest first by ``created_at`` then ``id`` descending.
+
+    Shared by the stores that hold their records in memory or in files.
+    """
+    if limit < 1:
+        raise ConfigError(f"list_sessions limit must be at least 1, got {limit}")
+    records = sorted(records, key=lambda r: (_aware(r.created_at), r.id), reverse=True)
+    if cursor is not None:
+        after_at, after_id = decode_cursor(cursor)
+        after = (_aware(after_at), after_id)
+        records = [r for r in records if (_aware(r.created_at), r.id) < after]
+    page = records[:limit]
+    next_cursor = encode_cursor(page[-1]) if len(records) > limit else None
+    return SessionPage(sessions=page, next_cursor=next_cursor)

@@ -1,0 +1,401 @@
+"""SQLite store: one database file, shared safely by threads and processes.
+
+Each store owns one connection, driven by one dedicated worker thread, so the
+event loop never blocks on disk and the connection is only ever touched by the
+thread that made it. (Measured against ``asyncio.to_thread`` with a connection
+per pool thread: appends are bound by the commit's fsync either way, and one
+thread keeps transactions strictly ordered within the process.)
+
+Durability: WAL with ``synchronous=FULL`` by default, so an acknowledged append
+has been fsynced and survives power loss. ``synchronous="NORMAL"`` is the
+documented opt-in: still crash-safe for the process, but the last commits may
+be lost on power failure.
+
+Concurrency: appends run under ``BEGIN IMMEDIATE``, so the per-session
+sequence number is chosen while this connection holds the database's write
+lock. Other writers wait up to ``busy_timeout`` seconds; SQLite's busy handler
+does not cover every busy case in WAL mode, so the store also retries
+``SQLITE_BUSY`` itself until the same deadline.
+
+Every entry is kept as the codec's exact bytes in ``entries.data``, so a
+session copied between stores stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from threadline.errors import (
+    ConfigError,
+    CorruptLog,
+    DurabilityError,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+)
+from threadline.session.codec import decode_entry, encode_entry
+from threadline.session.entries import Entry, OpaqueEntry, SessionRecord
+from threadline.session.memory import check_session_id
+from threadline.session.store import EntryLog, SessionPage, decode_cursor, encode_cursor
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# Append-only: a released version is never edited, a change is a new version.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (
+        1,
+        """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT,
+            created_at INTEGER NOT NULL  -- microseconds since the Unix epoch, UTC
+        ) WITHOUT ROWID;
+        CREATE INDEX sessions_newest ON sessions (created_at DESC, id DESC);
+        CREATE TABLE entries (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,        -- 1, 2, ... per session: the append order
+            id TEXT NOT NULL,
+            parent_id TEXT,
+            type TEXT NOT NULL,
+            data BLOB NOT NULL,          -- the codec's exact bytes
+            PRIMARY KEY (session_id, seq),
+            UNIQUE (session_id, id)
+        ) WITHOUT ROWID;
+        """,
+    ),
+)
+
+# Extended result codes that mean the write did not reach stable storage.
+_DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _to_micros(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)  # naive times are taken as UTC, as in the codec
+    return (dt - _EPOCH) // timedelta(microseconds=1)
+
+
+def _from_micros(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(exc)
+
+
+class SQLiteStore:
+    """A ``ManagedStore`` in one SQLite file.
+
+    ``path`` is the database file (created with its folder if missing).
+    ``synchronous`` is ``"FULL"`` (default, survives power loss) or
+    ``"NORMAL"``. ``busy_timeout`` is how many seconds an operation waits for
+    another process's write lock before failing with ``StoreError``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        sync = str(synchronous).upper()
+        if sync not in ("FULL", "NORMAL"):
+            raise ConfigError(f"SQLiteStore synchronous must be FULL or NORMAL, got "
+                              f"{synchronous!r} (for {os.fspath(path)})")
+        if not busy_timeout >= 0:
+            raise ConfigError(f"SQLiteStore busy_timeout must be >= 0 seconds, got "
+                              f"{busy_timeout!r} (for {os.fspath(path)})")
+        self.path = os.fspath(path)
+        self.synchronous = sync
+        self.busy_timeout = float(busy_timeout)
+        self._conn: sqlite3.Connection | None = None
+        self._poisoned: BaseException | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="threadline-sqlite")
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
+
+    async def __aenter__(self) -> SQLiteStore:
+        await self._call(lambda conn: None)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the worker thread ------------------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise StoreError(f"{self.path}: store is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, fn)
+
+    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = self._open()
+        return fn(self._conn)
+
+    def _open(self) -> sqlite3.Connection:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            # isolation_level=None: transactions are begun explicitly below.
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout,
+                                   isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open SQLite database: {exc}") from exc
+        try:
+            self._retry_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._migrate(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._translate(exc, "opening the database") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        def current() -> int:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
+                         "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+            return int(row[0] or 0)
+
+        if current() >= MIGRATIONS[-1][0]:
+            return
+
+        def apply() -> None:
+            # BEGIN IMMEDIATE: a second process opening at the same time waits
+            # here, then sees the versions the first one recorded.
+            for version, script in MIGRATIONS:
+                if version > current():
+                    for stmt in script.split(";"):
+                        if stmt.strip():
+                            conn.execute(stmt)
+                    conn.execute("INSERT INTO schema_migrations VALUES (?, ?)",
+                                 (version, datetime.now(UTC).isoformat()))
+
+        self._write(conn, apply)
+
+    def _retry_busy(self, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def _write(self, conn: sqlite3.Connection, body: Callable[[], T]) -> T:
+        """Run ``body`` in a write transaction holding the database's write lock."""
+        self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+        try:
+            result = body()
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            self._retry_busy(lambda: conn.execute("COMMIT"))
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def _translate(self, exc: sqlite3.Error, what: str, session_id: str | None = None,
+                   *, writing: bool = False) -> StoreError:
+        name = getattr(exc, "sqlite_errorname", "")
+        where = f"{self.path}: {what}" + (f" (session {session_id!r})" if session_id else "")
+        if _is_busy(exc):
+            return StoreError(f"{where}: database still locked after {self.busy_timeout:g}s "
+                              f"busy timeout: {exc}", session_id=session_id)
+        if writing and name.startswith(_DURABILITY_CODES):
+            err = DurabilityError(f"{where}: write not durable ({name}: {exc}); this store "
+                                  f"refuses further appends", session_id=session_id)
+            self._poisoned = err
+            return err
+        return StoreError(f"{where}: {name or type(exc).__name__}: {exc}",
+                          session_id=session_id)
+
+    # -- the Store contract -----------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> None:
+        sid = check_session_id(record.id)
+        created = _to_micros(record.created_at)
+
+        def op(conn: sqlite3.Connection) -> None:
+            try:
+                self._write(conn, lambda: conn.execute(
+                    "INSERT INTO sessions (id, parent_id, created_at) VALUES (?, ?, ?)",
+                    (sid, record.parent_id, created)))
+            except sqlite3.IntegrityError as exc:
+                raise SessionExists(sid, self.path) from exc
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "create_session", sid, writing=True) from exc
+
+        await self._call(op)
+
+    async def load_entries(self, session_id: str) -> EntryLog:
+        sid = check_session_id(session_id)
+
+        def op(conn: sqlite3.Connection) -> list[tuple[Any, Any]]:
+            try:
+                # One statement, so one snapshot: existence and entries agree.
+                return conn.execute(
+                    "SELECT e.seq, e.data FROM sessions s LEFT JOIN entries e "
+                    "ON e.session_id = s.id WHERE s.id = ? ORDER BY e.seq", (sid,)).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "load_entries", sid) from exc
+
+        rows = await self._call(op)
+        if not rows:
+            raise SessionNotFound(sid, self.path)
+        log = EntryLog()
+        for seq, data in rows:
+            if seq is None:
+                break  # the LEFT JOIN row of a session with no entries
+            if not isinstance(data, bytes):
+                raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
+                                 session_id=sid, path=self._row(sid, seq))
+            log.append(decode_entry(data, session_id=sid, path=self._row(sid, seq)))
+        return log
+
+    def _row(self, session_id: str, seq: int) -> str:
+        return f"{self.path} table entries row (session_id={session_id!r}, seq={seq})"
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        sid = check_session_id(session_id)
+        if self._poisoned is not None:
+            raise DurabilityError(f"{self.path}: an earlier write failed to be durable; "
+                                  f"reopen the store", session_id=sid) from self._poisoned
+        rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e)) for e in entries]
+
+        def body(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT (SELECT 1 FROM sessions WHERE id = ?), "
+                "(SELECT max(seq) FROM entries WHERE session_id = ?)", (sid, sid)).fetchone()
+            if row[0] is None:
+                raise SessionNotFound(sid, self.path)
+            base = int(row[1] or 0)
+            conn.executemany(
+                "INSERT INTO entries (session_id, seq, id, parent_id, type, data) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(sid, base + n, *r) for n, r in enumerate(rows, 1)])
+
+        def op(conn: sqlite3.Connection) -> None:
+            try:
+                self._write(conn, lambda: body(conn))
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"{self.path}: append to session {sid!r} repeats an entry id "
+                                 f"already in the session: {exc}", session_id=sid) from exc
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "append_entries", sid, writing=True) from exc
+
+        if rows:
+            await self._call(op)
+        else:
+            await self.load_session(sid)  # an empty append still requires the session
+
+    # -- beyond the contract ----------------------------------------------------
+
+    async def load_session(self, session_id: str) -> SessionRecord:
+        sid = check_session_id(session_id)
+
+        def op(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
+            try:
+                row: tuple[Any, ...] | None = conn.execute(
+                    "SELECT id, parent_id, created_at FROM sessions WHERE id = ?",
+                    (sid,)).fetchone()
+                return row
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "load_session", sid) from exc
+
+        row = await self._call(op)
+        if row is None:
+            raise SessionNotFound(sid, self.path)
+        return SessionRecord(id=row[0], parent_id=row[1], created_at=_from_micros(row[2]))
+
+    async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
+        if limit < 1:
+            raise ConfigError(f"list_sessions limit must be >= 1, got {limit}")
+        after = None if cursor is None else decode_cursor(cursor)
+
+        def op(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            try:
+                if after is None:
+                    return conn.execute(
+                        "SELECT id, parent_id, created_at FROM sessions "
+                        "ORDER BY created_at DESC, id DESC LIMIT ?", (limit + 1,)).fetchall()
+                return conn.execute(
+                    "SELECT id, parent_id, created_at FROM sessions "
+                    "WHERE (created_at, id) < (?, ?) "
+                    "ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (_to_micros(after[0]), after[1], limit + 1)).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "list_sessions") from exc
+
+        rows = await self._call(op)
+        records = [SessionRecord(id=r[0], parent_id=r[1], created_at=_from_micros(r[2]))
+                   for r in rows[:limit]]
+        more = len(rows) > limit
+        return SessionPage(sessions=records,
+                           next_cursor=encode_cursor(records[-1]) if more else None)
+
+    async def delete_session(self, session_id: str) -> None:
+        sid = check_session_id(session_id)
+
+        def body(conn: sqlite3.Connection) -> None:
+            if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
+                raise SessionNotFound(sid, self.path)
+            conn.execute("DELETE FROM entries WHERE session_id = ?", (sid,))
+
+        def op(conn: sqlite3.Connection) -> None:
+            try:
+                self._write(conn, lambda: body(conn))
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "delete_session", sid, writing=True) from exc
+
+        await self._call(op)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+
+        def op() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, op)
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+
+
+def entry_type(entry: Entry) -> str:
+    """The ``type`` discriminator an entry encodes with."""
+    if isinstance(entry, OpaqueEntry):
+        return entry.type
+    return str(entry.__struct_config__.tag)

@@ -1,0 +1,52 @@
+"""Public test helpers: the store conformance suite, a fault-injecting store and
+``ScriptedModel``, a deterministic offline LanguageModel.
+
+The conformance names are loaded on first use because they need pytest and
+pytest-asyncio, which the other helpers do not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from threadline.testing.faults import FaultyStore
+from threadline.testing.scripted import (
+    Call,
+    Delay,
+    Fail,
+    Gate,
+    ScriptedModel,
+    Text,
+    Thinking,
+    Turn,
+)
+from threadline.testing.validity import assert_valid_for_providers
+
+if TYPE_CHECKING:
+    from threadline.testing.conformance import StoreConformance, StoreOpener, sample_entries
+
+__all__ = [
+    "Call",
+    "Delay",
+    "Fail",
+    "FaultyStore",
+    "Gate",
+    "ScriptedModel",
+    "StoreConformance",
+    "StoreOpener",
+    "Text",
+    "Thinking",
+    "Turn",
+    "assert_valid_for_providers",
+    "sample_entries",
+]
+
+_CONFORMANCE = {"StoreConformance", "StoreOpener", "sample_entries"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONFORMANCE:
+        from threadline.testing import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module 'threadline.testing' has no attribute {name!r}")

@@ -1,0 +1,636 @@
+"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
+
+Subclass ``StoreConformance`` in a test module and give it a factory::
+
+    from pathlib import Path
+
+    from threadline.testing import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        async def make_store(self, tmp_path: Path) -> Store:
+            return MyStore(tmp_path / "db")
+
+pytest then collects every ``test_*`` method for your store. The suite needs
+``pytest-asyncio`` (its tests are ``async def`` and carry the asyncio mark, so
+the plugin's strict mode works as well as auto mode).
+
+The factory's contract:
+
+- ``make_store(tmp_path)`` returns a handle on storage that is **empty** for a
+  fresh ``tmp_path``. Calling it again with the same ``tmp_path`` must return
+  a *second handle on the same data* (another connection, another file store
+  on the same directory). A store whose instances cannot share data (an
+  in-memory store) sets ``shared_instances = False``; the concurrency tests
+  then share one instance between tasks and threads.
+- Handles are closed by the suite (``await store.close()``) when they have a
+  ``close`` method.
+- Handles may be opened from other threads, each running its own event loop.
+
+Optional hooks:
+
+- ``store_opener(tmp_path)``: a picklable zero-argument callable (for example
+  ``functools.partial(MyStore, str(tmp_path / "db"))``) that child processes
+  call to open the same storage; it may return the store or an awaitable of
+  it. Return ``None`` (the default) to skip the multi-process tests.
+- ``process_count`` / ``process_appends``: the size of the multi-process test.
+
+Methods the protocol does not require (``load_session``, ``list_sessions``,
+``delete_session``) are tested only when the store has them. To skip a test
+that cannot apply to your store, override it with a method marked
+``pytest.mark.skip(reason=...)`` and say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import multiprocessing
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import ClassVar
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from threadline.ai.messages import (
+    AssistantMessage,
+    ImagePart,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+from threadline.errors import SessionExists, SessionNotFound
+from threadline.session.codec import decode_entry, encode_entry
+from threadline.session.entries import (
+    BranchSummaryEntry,
+    CompactionEntry,
+    CustomEntry,
+    CustomMessageEntry,
+    Entry,
+    MessageEntry,
+    OpaqueEntry,
+    SessionRecord,
+    register_custom,
+)
+from threadline.session.ids import new_id
+from threadline.session.store import Store
+
+__all__ = [
+    "ConformanceNote",
+    "StoreConformance",
+    "StoreOpener",
+    "assert_same_entries",
+    "check_concurrent_log",
+    "sample_entries",
+]
+
+StoreOpener = Callable[[], "Store | Awaitable[Store]"]
+"""A picklable callable a child process uses to open the store under test."""
+
+
+class ConformanceNote(msgspec.Struct, frozen=True, kw_only=True):
+    """The registered custom kind the suite round-trips."""
+
+    text: str
+    tags: tuple[str, ...] = ()
+    score: float = 0.0
+
+
+NOTE_KIND = "threadline.conformance.note"
+UNREGISTERED_KIND = "threadline.conformance.never-registered"
+register_custom(NOTE_KIND, ConformanceNote)
+
+UNICODE_IDS = (
+    "séance",
+    "se\u0301ance",  # the NFD spelling of the id above: a different id
+    "SÉANCE",
+    "Séance",
+    "Ωμέγα/../../etc/passwd",
+    "emoji 😀 id",
+    "CON",
+    "con.txt",
+    "..",
+    ".",
+    "tab\tand\nnewline",
+    "C:\\Windows\\aux",
+    "日本語のセッション",
+    "x" * 500,
+)
+
+
+def _at(seconds: int) -> datetime:
+    return datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=seconds)
+
+
+def sample_entries() -> list[Entry]:
+    """One chain holding every entry kind and every content part."""
+    ids = [new_id() for _ in range(9)]
+    opaque = decode_entry(
+        b'{"type":"future.kind","id":"' + ids[8].encode() + b'","parent_id":"'
+        + ids[7].encode() + b'","timestamp":"2024-05-01T12:00:00Z",'
+        b'"payload":{"z":1, "a":[1.50,"\\u00e9",null]}}'
+    )
+    assert isinstance(opaque, OpaqueEntry)
+    return [
+        MessageEntry(
+            id=ids[0], timestamp=_at(0),
+            message=UserMessage(content=(
+                TextPart(text="What is in this picture? é ☃ 😀"),
+                ImagePart(data="iVBORw0KGgo=", mime_type="image/png"),
+            )),
+        ),
+        MessageEntry(
+            id=ids[1], parent_id=ids[0], timestamp=_at(1),
+            message=AssistantMessage(
+                content=(
+                    ThinkingPart(thinking="Let me look.", signature="sig-abc", provider="anth"),
+                    ThinkingPart(thinking="", signature="ENCRYPTED", redacted=True),
+                    TextPart(text="Calling a tool."),
+                    ToolCall(id="call_1", name="lookup",
+                             arguments={"q": "cats", "n": 3, "nested": {"a": [1, None]}}),
+                ),
+                model="m-1", provider="prov", api="chat",
+                usage=Usage(input_tokens=10, output_tokens=5, cache_read_tokens=2,
+                            cache_write_tokens=1, reasoning_tokens=4),
+                stop_reason="tool_use", response_id="resp_1",
+            ),
+        ),
+        MessageEntry(
+            id=ids[2], parent_id=ids[1], timestamp=_at(2),
+            message=ToolResultMessage(
+                tool_call_id="call_1", tool_name="lookup",
+                content=(TextPart(text="3 cats"), ImagePart(data="R0lG", mime_type="image/gif")),
+                is_error=True, synthesized="interrupted", details={"exit": 1},
+            ),
+        ),
+        MessageEntry(
+            id=ids[3], parent_id=ids[2], timestamp=_at(3),
+            message=AssistantMessage(stop_reason="error", error_message="boom"),
+        ),
+        CompactionEntry(
+            id=ids[4], parent_id=ids[3], timestamp=_at(4), summary="Earlier: cats.",
+            first_kept_entry_id=ids[2], tokens_before=1234, details={"files": ["a.py"]},
+        ),
+        BranchSummaryEntry(
+            id=ids[5], parent_id=ids[4], timestamp=_at(5), from_id=ids[3],
+            summary="Tried a branch.", origin_id=new_id(),
+        ),
+        CustomEntry(
+            id=ids[6], parent_id=ids[5], timestamp=_at(6), kind=NOTE_KIND,
+            data=ConformanceNote(text="registered", tags=("a", "b"), score=0.5),
+        ),
+        CustomEntry(
+            id=ids[7], parent_id=ids[6], timestamp=_at(7), kind=UNREGISTERED_KIND,
+            data=msgspec.Raw(b'{"keep" : [1.0, 2.50, "\\u00e9"],  "order":{"b":1,"a":2}}'),
+        ),
+        opaque,
+        CustomMessageEntry(
+            parent_id=ids[8], timestamp=_at(9), kind="reminder",
+            content=(TextPart(text="remember"), ImagePart(data="AAAA", mime_type="image/png")),
+            display=False, details=[1, "two"],
+        ),
+    ]
+
+
+def assert_same_entries(actual: Sequence[Entry], expected: Sequence[Entry]) -> None:
+    """Same kinds, same order, byte-identical encodings."""
+    assert [type(e) for e in actual] == [type(e) for e in expected]
+    assert [encode_entry(e) for e in actual] == [encode_entry(e) for e in expected]
+
+
+def check_concurrent_log(
+    loaded: Sequence[Entry], acknowledged: Sequence[Sequence[str]]
+) -> None:
+    """Every acknowledged id present once, each writer's ids in its own order,
+    every parent present, and nothing that no writer acknowledged."""
+    ids = [e.id for e in loaded]
+    assert len(ids) == len(set(ids)), "an entry was stored twice"
+    expected = {i for chain in acknowledged for i in chain}
+    assert set(ids) == expected, (
+        f"{len(expected - set(ids))} acknowledged entries lost, "
+        f"{len(set(ids) - expected)} unexpected"
+    )
+    position = {entry_id: n for n, entry_id in enumerate(ids)}
+    for chain in acknowledged:
+        assert [position[i] for i in chain] == sorted(position[i] for i in chain)
+    present = set(ids)
+    for entry in loaded:
+        assert entry.parent_id is None or entry.parent_id in present, entry
+
+
+def _chain_entry(parent_id: str | None, writer: int, n: int) -> MessageEntry:
+    return MessageEntry(
+        parent_id=parent_id,
+        message=UserMessage(content=(TextPart(text=f"writer {writer} entry {n} " + "ä" * 40),)),
+    )
+
+
+async def _append_chain(
+    store: Store, session_id: str, writer: int, count: int, batch: int = 1
+) -> list[str]:
+    """Append ``count`` chained entries, ``batch`` per call; the ids acknowledged."""
+    acknowledged: list[str] = []
+    parent: str | None = None
+    for start in range(0, count, batch):
+        entries = []
+        for n in range(start, min(start + batch, count)):
+            entry = _chain_entry(parent, writer, n)
+            parent = entry.id
+            entries.append(entry)
+        await store.append_entries(session_id, entries)
+        acknowledged.extend(e.id for e in entries)
+    return acknowledged
+
+
+async def _open(opener: StoreOpener) -> Store:
+    store = opener()
+    if inspect.isawaitable(store):
+        store = await store
+    return store
+
+
+async def _close(store: Store) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+
+
+def _process_append(opener: StoreOpener, session_id: str, writer: int, count: int) -> list[str]:
+    async def run() -> list[str]:
+        store = await _open(opener)
+        try:
+            return await _append_chain(store, session_id, writer, count)
+        finally:
+            await _close(store)
+
+    return asyncio.run(run())
+
+
+def _process_create(opener: StoreOpener, session_id: str) -> bool:
+    async def run() -> bool:
+        store = await _open(opener)
+        try:
+            await store.create_session(SessionRecord(id=session_id))
+        except SessionExists:
+            return False
+        finally:
+            await _close(store)
+        return True
+
+    return asyncio.run(run())
+
+
+@pytest.mark.asyncio
+class StoreConformance:
+    """Subclass this and implement ``make_store``. See the module docstring."""
+
+    shared_instances: ClassVar[bool] = True
+    """False when two ``make_store`` calls cannot see each other's data."""
+
+    process_count: ClassVar[int] = 4
+    process_appends: ClassVar[int] = 50
+
+    async def make_store(self, tmp_path: Path) -> Store:
+        raise NotImplementedError("subclasses of StoreConformance implement make_store")
+
+    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
+        return None
+
+    # -- plumbing -------------------------------------------------------------
+
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        self._tmp_path = tmp_path
+        self._handles: list[Store] = []
+        main = await self.make_store(tmp_path)
+        self._handles.append(main)
+        self._main = main
+        try:
+            yield main
+        finally:
+            for handle in reversed(self._handles):
+                await _close(handle)
+
+    async def another_handle(self) -> Store:
+        """A second handle on the same data (the same object if not shared)."""
+        if not self.shared_instances:
+            return self._main
+        handle = await self.make_store(self._tmp_path)
+        self._handles.append(handle)
+        return handle
+
+    async def new_session(self, store: Store, session_id: str | None = None) -> str:
+        session_id = session_id or f"conf-{new_id()}"
+        await store.create_session(SessionRecord(id=session_id))
+        return session_id
+
+    # -- round trips (S8, S9) -------------------------------------------------
+
+    async def test_s8_round_trip_every_entry_kind(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        entries = sample_entries()
+        await store.append_entries(sid, entries)
+        loaded = await store.load_entries(sid)
+        assert_same_entries(loaded, entries)
+        assert isinstance(loaded[6], CustomEntry)
+        assert isinstance(loaded[6].data, ConformanceNote)
+        assert loaded[6].data == ConformanceNote(text="registered", tags=("a", "b"), score=0.5)
+
+    async def test_s9_unregistered_custom_kind_is_lossless(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        raw = b'{ "x" : 1.250e1, "y":["\\u2603", {"b":null,"a":true}] }'
+        entry = CustomEntry(kind=UNREGISTERED_KIND, data=msgspec.Raw(raw))
+        await store.append_entries(sid, [entry])
+        (loaded,) = await store.load_entries(sid)
+        assert type(loaded) is CustomEntry
+        assert loaded.kind == UNREGISTERED_KIND
+        assert bytes(loaded.data) == raw
+        assert encode_entry(loaded) == encode_entry(entry)
+
+    async def test_s9_unknown_entry_type_is_written_back_unchanged(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        raw = (
+            b'{"type":"from.the.future","id":"' + new_id().encode()
+            + b'","parent_id":null,"extra":{"k":[1,2.0,"\\u00e9"]},"n":  7}'
+        )
+        entry = decode_entry(raw)
+        assert isinstance(entry, OpaqueEntry)
+        await store.append_entries(sid, [entry])
+        (loaded,) = await store.load_entries(sid)
+        assert isinstance(loaded, OpaqueEntry)
+        assert loaded.type == "from.the.future"
+        assert encode_entry(loaded) == raw
+
+    async def test_s8_new_session_has_no_entries(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        assert list(await store.load_entries(sid)) == []
+
+    async def test_s8_append_order_is_kept(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        root = _chain_entry(None, 0, 0)
+        # Siblings, a late child of the root and a batch: order is append order,
+        # not tree order or id order.
+        batches: list[list[Entry]] = [
+            [root],
+            [_chain_entry(root.id, 0, 1), _chain_entry(root.id, 0, 2)],
+            [],
+            [_chain_entry(root.id, 0, 3)],
+        ]
+        older = MessageEntry(id="00000000-0000-7000-8000-000000000000", parent_id=root.id,
+                             message=UserMessage.of("an id that sorts first"))
+        batches.append([older])
+        for batch in batches:
+            await store.append_entries(sid, batch)
+        loaded = await store.load_entries(sid)
+        assert_same_entries(loaded, [e for batch in batches for e in batch])
+
+    async def test_s8_stored_data_is_not_shared_with_caller(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        call = ToolCall(id="c", name="t", arguments={"k": "before"})
+        entry = MessageEntry(message=AssistantMessage(content=(call,)))
+        await store.append_entries(sid, [entry])
+        call.arguments["k"] = "changed after append"
+        loaded = await store.load_entries(sid)
+        loaded_entry = loaded[0]
+        assert isinstance(loaded_entry, MessageEntry)
+        assert isinstance(loaded_entry.message, AssistantMessage)
+        loaded_entry.message.tool_calls[0].arguments["k"] = "changed after load"
+        loaded.clear()
+        (again,) = await store.load_entries(sid)
+        assert isinstance(again, MessageEntry)
+        assert isinstance(again.message, AssistantMessage)
+        assert again.message.tool_calls[0].arguments == {"k": "before"}
+
+    # -- errors (S7) ----------------------------------------------------------
+
+    async def test_s7_load_unknown_session_raises_not_found(self, store: Store) -> None:
+        with pytest.raises(SessionNotFound) as info:
+            await store.load_entries("conf-no-such-session")
+        assert info.value.session_id == "conf-no-such-session"
+
+    async def test_s7_create_existing_session_raises_exists(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        await store.append_entries(sid, [_chain_entry(None, 0, 0)])
+        with pytest.raises(SessionExists):
+            await store.create_session(SessionRecord(id=sid, parent_id="other"))
+        assert len(await store.load_entries(sid)) == 1
+
+    async def test_s7_append_to_unknown_session_raises_and_creates_nothing(
+        self, store: Store
+    ) -> None:
+        with pytest.raises(SessionNotFound):
+            await store.append_entries("conf-missing", [_chain_entry(None, 0, 0)])
+        with pytest.raises(SessionNotFound):
+            await store.load_entries("conf-missing")
+
+    # -- lineage (S6) ---------------------------------------------------------
+
+    async def test_s6_lineage_read_back(self, store: Store) -> None:
+        load_session = getattr(store, "load_session", None)
+        if load_session is None:
+            pytest.skip("store has no load_session")
+        created = datetime(2023, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+        parent = SessionRecord(id="conf-parent", created_at=created)
+        child = SessionRecord(id="conf-child", parent_id="conf-parent",
+                              created_at=created + timedelta(hours=1))
+        await store.create_session(parent)
+        await store.create_session(child)
+        for record in (parent, child):
+            got = await load_session(record.id)
+            assert (got.id, got.parent_id, got.created_at) == (
+                record.id, record.parent_id, record.created_at
+            )
+        with pytest.raises(SessionNotFound):
+            await load_session("conf-nobody")
+
+    # -- size and text --------------------------------------------------------
+
+    async def test_s8_one_mebibyte_entries(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        big_text = "a" * (1 << 20)
+        big_unicode = ("é😀" * (1 << 18))[: 1 << 19]
+        entries: list[Entry] = [
+            MessageEntry(message=UserMessage.of(big_text)),
+            MessageEntry(message=ToolResultMessage(
+                tool_call_id="c", tool_name="cat", content=(TextPart(text=big_unicode),))),
+            CustomEntry(kind=UNREGISTERED_KIND,
+                        data=msgspec.Raw(msgspec.json.encode({"blob": big_text}))),
+        ]
+        await store.append_entries(sid, entries[:1])
+        await store.append_entries(sid, entries[1:])
+        assert_same_entries(await store.load_entries(sid), entries)
+
+    async def test_s1_unicode_session_ids_and_content(self, store: Store) -> None:
+        text = "mixed: é ß 漢字 😀 \u200f\u05e9\u05dc\u05d5\u05dd \u2028 \x00 \\ \" \x7f end"
+        for sid in UNICODE_IDS:
+            await store.create_session(SessionRecord(id=sid))
+            await store.append_entries(
+                sid, [MessageEntry(message=UserMessage.of(f"{sid}|{text}"))]
+            )
+        for sid in UNICODE_IDS:
+            (entry,) = await store.load_entries(sid)
+            assert isinstance(entry, MessageEntry)
+            assert isinstance(entry.message, UserMessage)
+            assert entry.message.text == f"{sid}|{text}"
+        load_session = getattr(store, "load_session", None)
+        if load_session is not None:
+            for sid in UNICODE_IDS:
+                assert (await load_session(sid)).id == sid
+
+    async def test_s8_many_sessions(self, store: Store) -> None:
+        sids = [f"conf-many-{n:03d}" for n in range(150)]
+        await asyncio.gather(*(store.create_session(SessionRecord(id=s)) for s in sids))
+        await asyncio.gather(*(
+            store.append_entries(s, [MessageEntry(message=UserMessage.of(s))]) for s in sids
+        ))
+        for sid in sids:
+            (entry,) = await store.load_entries(sid)
+            assert isinstance(entry, MessageEntry)
+            assert isinstance(entry.message, UserMessage)
+            assert entry.message.text == sid
+
+    # -- listing and deleting (when offered) ----------------------------------
+
+    async def test_list_sessions_newest_first_with_keyset_pages(self, store: Store) -> None:
+        list_sessions = getattr(store, "list_sessions", None)
+        if list_sessions is None:
+            pytest.skip("store has no list_sessions")
+        records = [SessionRecord(id=f"conf-list-{n:02d}", created_at=_at(n)) for n in range(10)]
+        # Three sessions created in the same instant: ties break by id, descending.
+        records += [SessionRecord(id=f"conf-tie-{c}", created_at=_at(5)) for c in "bca"]
+        for record in records:
+            await store.create_session(record)
+        expected = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id),
+                                         reverse=True)]
+
+        page = await list_sessions(limit=100)
+        assert [r.id for r in page.sessions] == expected
+        assert page.next_cursor is None
+
+        seen: list[str] = []
+        page = await list_sessions(limit=4)
+        seen += [r.id for r in page.sessions]
+        # A session created between pages must not shift the pages (keyset).
+        await store.create_session(SessionRecord(id="conf-list-late", created_at=_at(100)))
+        while page.next_cursor is not None:
+            page = await list_sessions(limit=4, cursor=page.next_cursor)
+            assert 0 < len(page.sessions) <= 4
+            seen += [r.id for r in page.sessions]
+        assert seen == expected
+        first = (await list_sessions(limit=1)).sessions[0]
+        assert first.id == "conf-list-late"
+        assert first.created_at == _at(100)
+
+    async def test_delete_session(self, store: Store) -> None:
+        delete_session = getattr(store, "delete_session", None)
+        if delete_session is None:
+            pytest.skip("store has no delete_session")
+        keep = await self.new_session(store)
+        gone = await self.new_session(store)
+        await store.append_entries(keep, [_chain_entry(None, 0, 0)])
+        await store.append_entries(gone, [_chain_entry(None, 0, 0)])
+        await delete_session(gone)
+        with pytest.raises(SessionNotFound):
+            await store.load_entries(gone)
+        with pytest.raises(SessionNotFound):
+            await store.append_entries(gone, [_chain_entry(None, 0, 1)])
+        with pytest.raises(SessionNotFound):
+            await delete_session(gone)
+        load_session = getattr(store, "load_session", None)
+        if load_session is not None:
+            with pytest.raises(SessionNotFound):
+                await load_session(gone)
+        list_sessions = getattr(store, "list_sessions", None)
+        if list_sessions is not None:
+            assert gone not in [r.id for r in (await list_sessions(limit=1000)).sessions]
+        assert len(await store.load_entries(keep)) == 1
+        # The id is free again, with an empty log.
+        await store.create_session(SessionRecord(id=gone))
+        assert list(await store.load_entries(gone)) == []
+
+    # -- concurrency (S4) -----------------------------------------------------
+
+    async def test_s4_concurrent_creates_one_winner(self, store: Store) -> None:
+        handles = [store] + [await self.another_handle() for _ in range(3)]
+        results = await asyncio.gather(
+            *(h.create_session(SessionRecord(id="conf-race")) for h in handles),
+            return_exceptions=True,
+        )
+        assert sum(r is None for r in results) == 1, results
+        assert all(r is None or isinstance(r, SessionExists) for r in results), results
+
+    async def test_s4_concurrent_appends_from_tasks(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        handles = [store] + [await self.another_handle() for _ in range(3)]
+        chains = await asyncio.gather(*(
+            _append_chain(handles[w % len(handles)], sid, w, 30, batch=1 + w % 3)
+            for w in range(8)
+        ))
+        check_concurrent_log(await store.load_entries(sid), chains)
+
+    async def test_s4_concurrent_appends_from_threads(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        results: dict[int, list[str]] = {}
+        errors: list[BaseException] = []
+
+        def worker(w: int) -> None:
+            async def run() -> list[str]:
+                handle = (
+                    await self.make_store(self._tmp_path) if self.shared_instances
+                    else self._main
+                )
+                try:
+                    return await _append_chain(handle, sid, w, 40, batch=1 + w % 2)
+                finally:
+                    if self.shared_instances:
+                        await _close(handle)
+
+            try:
+                results[w] = asyncio.run(run())
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+
+        def join_all() -> None:
+            for t in threads:
+                t.join()
+
+        await asyncio.to_thread(join_all)
+        if errors:
+            raise errors[0]
+        check_concurrent_log(await store.load_entries(sid), list(results.values()))
+
+    def _process_pool(self, n: int) -> ProcessPoolExecutor:
+        # spawn: the parent runs an event loop and threads, which fork would copy.
+        return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+
+    async def test_s4_concurrent_appends_from_processes(self, store: Store) -> None:
+        opener = self.store_opener(self._tmp_path)
+        if opener is None:
+            pytest.skip("store_opener() gives no way to open this store in another process")
+        sid = await self.new_session(store)
+        loop = asyncio.get_running_loop()
+        with self._process_pool(self.process_count) as pool:
+            chains = await asyncio.gather(*(
+                loop.run_in_executor(pool, _process_append, opener, sid, w,
+                                     self.process_appends)
+                for w in range(self.process_count)
+            ))
+            winners = await asyncio.gather(*(
+                loop.run_in_executor(pool, _process_create, opener, "conf-process-race")
+                for _ in range(self.process_count)
+            ))
+        check_concurrent_log(await store.load_entries(sid), chains)
+        assert sum(winners) == 1, winners

@@ -1,0 +1,48 @@
+"""Shared fixtures: the PostgreSQL server the SQL-store tests run against.
+
+The URL comes from ``THREADLINE_TEST_PG_URL`` (default: the local server with
+trust auth). When the server cannot be reached the PostgreSQL tests skip, but
+under ``CI=true`` they fail: CI must never pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    url = os.environ.get("THREADLINE_TEST_PG_URL", DEFAULT_PG_URL)
+    try:
+        import psycopg
+
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        message = f"PostgreSQL at {url} is not reachable: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url
+
+
+def drop_schema(url: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[str]:
+    """A schema name no other test uses; dropped (with its tables) afterwards."""
+    schema = f"tl_test_{secrets.token_hex(6)}"
+    yield schema
+    drop_schema(pg_url, schema)

@@ -1,0 +1,506 @@
+"""The JSON-lines codec: round trips, defaults, versioning, custom and unknown kinds (S6, S9)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from threadline.ai.messages import (
+    AssistantMessage,
+    ImagePart,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+from threadline.errors import ConfigError, CorruptLog
+from threadline.session.codec import (
+    SessionInit,
+    decode_entry,
+    decode_init,
+    encode_entries,
+    encode_entry,
+    encode_init,
+)
+from threadline.session.entries import (
+    FORMAT_VERSION,
+    BranchSummaryEntry,
+    CompactionEntry,
+    CustomEntry,
+    CustomMessageEntry,
+    Entry,
+    MessageEntry,
+    OpaqueEntry,
+    SessionRecord,
+    custom_kinds,
+    register_custom,
+)
+
+
+class Todo(msgspec.Struct, frozen=True):
+    title: str
+    done: bool = False
+    tags: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    text: str
+    score: float
+
+
+TODO_KIND = "test_codec.todo"
+NOTE_KIND = "test_codec.note"
+register_custom(TODO_KIND, Todo)
+register_custom(NOTE_KIND, Note)
+
+TS = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+NESTED_ARGS: dict[str, Any] = {
+    "path": "/tmp/ü.txt",
+    "options": {"depth": 3, "filters": [{"re": "^a.*$", "neg": False}, None], "ratio": 0.25},
+    "empty": {},
+    "big": 2**62,
+}
+
+ALL_PARTS_ASSISTANT = AssistantMessage(
+    content=(
+        ThinkingPart(thinking="let me think", signature="sig==", provider="anthropic"),
+        ThinkingPart(thinking="", signature="opaque-blob", redacted=True),
+        TextPart(text="Héllo 👋\nworld"),
+        ToolCall(id="call_1", name="read", arguments=NESTED_ARGS),
+        ToolCall(id="call_2", name="noop"),
+    ),
+    model="m-1",
+    provider="p",
+    api="chat",
+    usage=Usage(
+        input_tokens=10, output_tokens=5, cache_read_tokens=2, cache_write_tokens=1,
+        reasoning_tokens=3,
+    ),
+    stop_reason="tool_use",
+    response_id="resp_1",
+)
+
+SAMPLES: dict[str, Entry] = {
+    "user_text_and_image": MessageEntry(
+        id="e1", timestamp=TS,
+        message=UserMessage.of("look", ImagePart(data="iVBORw0KGgo=", mime_type="image/png")),
+    ),
+    "assistant_all_parts": MessageEntry(
+        id="e2", parent_id="e1", timestamp=TS, message=ALL_PARTS_ASSISTANT
+    ),
+    "assistant_error": MessageEntry(
+        id="e2b", parent_id="e1", timestamp=TS,
+        message=AssistantMessage(stop_reason="error", error_message="boom"),
+    ),
+    "tool_result": MessageEntry(
+        id="e3", parent_id="e2", timestamp=TS,
+        message=ToolResultMessage(
+            tool_call_id="call_1", tool_name="read",
+            content=(TextPart(text="ok"), ImagePart(data="AAAA", mime_type="image/jpeg")),
+            is_error=True, synthesized="interrupted", details={"exit": 1, "lines": [1, 2]},
+        ),
+    ),
+    "compaction": CompactionEntry(
+        id="e4", parent_id="e3", timestamp=TS, summary="so far", first_kept_entry_id="e2",
+        tokens_before=12345, details={"files": ["a.py"]},
+    ),
+    "branch_summary": BranchSummaryEntry(
+        id="e5", parent_id="e4", timestamp=TS, from_id="e3", summary="tried X"
+    ),
+    "custom_struct": CustomEntry(
+        id="e6", parent_id="e5", timestamp=TS, kind=TODO_KIND,
+        data=Todo(title="ship", tags=["x"]),
+    ),
+    "custom_dataclass": CustomEntry(
+        id="e7", parent_id="e6", timestamp=TS, kind=NOTE_KIND, data=Note(text="n", score=0.5)
+    ),
+    "custom_message": CustomMessageEntry(
+        id="e8", parent_id="e7", timestamp=TS, kind="reminder",
+        content=(TextPart(text="remember"),), display=False, details=[1],
+    ),
+    "forked_copy": MessageEntry(
+        id="e9", parent_id="e8", timestamp=TS, origin_id="src-e1",
+        message=UserMessage.of("copied"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_entry_kind_round_trips(name: str) -> None:
+    entry = SAMPLES[name]
+    line = encode_entry(entry)
+    assert b"\n" not in line
+    back = decode_entry(line)
+    assert type(back) is type(entry)
+    assert back == entry
+    assert encode_entry(back) == line
+
+
+def test_encode_entries_writes_one_terminated_line_per_entry() -> None:
+    entries = list(SAMPLES.values())
+    blob = encode_entries(entries)
+    assert blob.endswith(b"\n")
+    lines = blob.split(b"\n")[:-1]
+    assert lines == [encode_entry(e) for e in entries]
+    assert [decode_entry(x) for x in lines] == entries
+    assert encode_entries([]) == b""
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_line_starts_with_its_type(name: str) -> None:
+    obj = msgspec.json.decode(encode_entry(SAMPLES[name]))
+    assert next(iter(obj)) == "type"
+    assert obj["type"] in {
+        "message", "compaction", "branch_summary", "custom", "custom_message"
+    }
+
+
+def test_defaults_are_omitted() -> None:
+    entry = MessageEntry(
+        id="a", timestamp=TS,
+        message=AssistantMessage(content=(TextPart(text="hi"), ToolCall(id="c", name="t"))),
+    )
+    obj = msgspec.json.decode(encode_entry(entry))
+    # Header fields with a default (parent_id, origin_id) are left out, id and
+    # timestamp never are.
+    assert set(obj) == {"type", "id", "timestamp", "message"}
+    assert obj["message"] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "hi"}, {"type": "tool_call", "id": "c", "name": "t"}],
+    }
+    result = msgspec.json.decode(encode_entry(MessageEntry(
+        id="b", timestamp=TS, message=ToolResultMessage(tool_call_id="c", tool_name="t"),
+    )))
+    assert result["message"] == {"role": "tool_result", "tool_call_id": "c", "tool_name": "t"}
+    thinking = msgspec.json.encode(ThinkingPart(thinking="t"))
+    assert msgspec.json.decode(thinking) == {"type": "thinking", "thinking": "t"}
+
+
+def test_header_defaults_fill_in_id_and_timestamp() -> None:
+    with pytest.raises(CorruptLog):  # decoding never fills them in ...
+        decode_entry(b'{"type":"message","message":{"role":"user","content":[]}}')
+    # ... but constructing an entry still does, in this thread and in others.
+    before = datetime.now(UTC)
+    a, b = MessageEntry(message=UserMessage.of("x")), MessageEntry(message=UserMessage.of("y"))
+    assert a.id != b.id
+    assert a.id < b.id
+    assert before <= a.timestamp <= datetime.now(UTC)
+    assert decode_entry(encode_entry(a)) == a
+    made: list[MessageEntry] = []
+    worker = threading.Thread(target=lambda: made.append(MessageEntry(message=b.message)))
+    worker.start()
+    worker.join()
+    assert made[0].id > b.id
+    assert made[0].timestamp >= b.timestamp
+
+
+def test_line_separators_inside_text_stay_on_one_line() -> None:
+    # JSON allows U+2028/U+2029 unescaped; readers must split on b"\n" only.
+    entry = MessageEntry(id="a", timestamp=TS, message=UserMessage.of("a\u2028b\u2029c\r\nd\x00"))
+    blob = encode_entries([entry, entry])
+    assert blob.count(b"\n") == 2
+    assert decode_entry(blob.split(b"\n")[0]) == entry
+
+
+# -- session_init -----------------------------------------------------------------
+
+
+def test_session_init_carries_format_version_and_record() -> None:
+    record = SessionRecord(id="sess/ü", parent_id="parent", created_at=TS)
+    line = encode_init(record)
+    obj = msgspec.json.decode(line)
+    assert list(obj)[:2] == ["type", "version"]
+    assert obj == {
+        "type": "session_init", "version": FORMAT_VERSION, "id": "sess/ü",
+        "parent_id": "parent", "created_at": "2025-01-02T03:04:05.678901Z",
+    }
+    assert decode_init(line) == record
+    root = SessionRecord(id="r", created_at=TS)
+    assert msgspec.json.decode(encode_init(root))["parent_id"] is None
+    assert decode_init(encode_init(root)) == root
+
+
+def test_session_init_from_a_newer_format_is_refused_with_where() -> None:
+    line = msgspec.json.encode(SessionInit(version=FORMAT_VERSION + 1, id="s", created_at=TS))
+    with pytest.raises(CorruptLog) as info:
+        decode_init(line, path="root/s.jsonl")
+    assert str(info.value).startswith("root/s.jsonl line 1: ")
+    assert f"version {FORMAT_VERSION + 1}" in str(info.value)
+    assert info.value.session_id == "s"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"{", b'{"type":"message","id":"a","message":{"role":"user","content":[]}}',
+     b'{"type":"session_init","id":"s"}'],
+)
+def test_bad_session_init_is_corrupt_log_naming_file_and_line(line: bytes) -> None:
+    with pytest.raises(CorruptLog) as info:
+        decode_init(line, session_id="s", path="root/s.jsonl")
+    assert str(info.value).startswith("root/s.jsonl line 1: expected a session_init line")
+    assert (info.value.path, info.value.line, info.value.session_id) == ("root/s.jsonl", 1, "s")
+
+
+# -- custom entries (S9) ----------------------------------------------------------
+
+
+def test_s9_registered_struct_kind_decodes_to_its_class() -> None:
+    line = encode_entry(SAMPLES["custom_struct"])
+    back = decode_entry(line)
+    assert isinstance(back, CustomEntry)
+    assert back.data == Todo(title="ship", tags=["x"])
+    assert type(back.data) is Todo
+
+
+def test_s9_registered_dataclass_kind_decodes_to_its_class() -> None:
+    back = decode_entry(encode_entry(SAMPLES["custom_dataclass"]))
+    assert isinstance(back, CustomEntry)
+    assert type(back.data) is Note
+    assert back.data == Note(text="n", score=0.5)
+
+
+def test_s9_unregistered_kind_keeps_raw_fields_and_reencodes_byte_for_byte() -> None:
+    kind = f"test_codec.late.{uuid.uuid4().hex}"
+    # What a process that registered `kind` wrote:
+    payload: dict[str, Any] = {
+        "title": "ünï ✓", "nested": {"a": [1, 2.5, None, {"b": True}]}, "n": -7
+    }
+    written = encode_entry(
+        CustomEntry(id="c1", parent_id="p", timestamp=TS, kind=kind, data=payload)
+    )
+    # ... read by a process that never registered it:
+    bare = decode_entry(written)
+    assert type(bare) is CustomEntry
+    assert (bare.id, bare.parent_id, bare.timestamp, bare.kind) == ("c1", "p", TS, kind)
+    assert isinstance(bare.data, msgspec.Raw)
+    assert msgspec.json.decode(bare.data) == payload
+    assert encode_entry(bare) == written
+    assert encode_entries([bare]) == written + b"\n"
+
+    @dataclasses.dataclass
+    class Late:
+        title: str
+        nested: dict[str, Any]
+        n: int
+
+    register_custom(kind, Late)
+    assert custom_kinds()[kind] is Late
+    typed = decode_entry(written)
+    assert isinstance(typed, CustomEntry)
+    assert typed.data == Late(**payload)
+    assert encode_entry(typed) == written
+    # The bare entry decoded before registration is unaffected and still lossless.
+    assert encode_entry(bare) == written
+
+
+def test_s9_unregistered_payload_does_not_pin_the_input_buffer() -> None:
+    line = bytearray(encode_entry(
+        CustomEntry(id="c", timestamp=TS, kind=f"k.{uuid.uuid4().hex}", data={"x": 1})
+    ))
+    bare = decode_entry(memoryview(line))
+    assert isinstance(bare, CustomEntry)
+    line[:] = b"X" * len(line)  # the reader reuses its buffer
+    assert bytes(bare.data) == b'{"x":1}'
+
+
+def test_s9_registering_a_kind_to_another_class_is_an_error() -> None:
+    register_custom(TODO_KIND, Todo)  # same class again: a no-op
+    with pytest.raises(ConfigError, match=TODO_KIND):
+        register_custom(TODO_KIND, Note)
+    assert custom_kinds()[TODO_KIND] is Todo
+    with pytest.raises(ConfigError):
+        register_custom("", Todo)
+
+
+def test_s9_custom_kinds_is_a_copy() -> None:
+    kinds = custom_kinds()
+    kinds[TODO_KIND] = Note
+    assert custom_kinds()[TODO_KIND] is Todo
+
+
+def test_s9_registered_kind_with_data_that_does_not_fit_is_corrupt_log() -> None:
+    line = encode_entry(CustomEntry(id="c", timestamp=TS, kind=TODO_KIND, data={"title": 3}))
+    with pytest.raises(CorruptLog) as info:
+        decode_entry(line, path="s.jsonl", lineno=9)
+    assert str(info.value).startswith("s.jsonl line 9: custom entry of kind 'test_codec.todo'")
+    assert "Todo" in str(info.value)
+
+
+# -- unknown entry types ----------------------------------------------------------
+
+
+def test_unknown_type_is_kept_as_opaque_and_reencoded_unchanged() -> None:
+    line = (
+        b'{"type":"model_change","id":"o1","parent_id":"e1",'
+        b'"timestamp":"2025-01-02T03:04:05Z","model":{"name":"x","\\u00fc":[1,{"z":null}]}}'
+    )
+    entry = decode_entry(line)
+    assert isinstance(entry, OpaqueEntry)
+    assert (entry.type, entry.id, entry.parent_id) == ("model_change", "o1", "e1")
+    assert entry.timestamp == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert encode_entry(entry) == line
+    assert encode_entries([SAMPLES["branch_summary"], entry]) == (
+        encode_entry(SAMPLES["branch_summary"]) + b"\n" + line + b"\n"
+    )
+    assert decode_entry(line.decode()) == entry  # str input too
+    root = decode_entry(b'{"type":"future","id":"o2"}')
+    assert isinstance(root, OpaqueEntry)
+    assert (root.parent_id, root.timestamp) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b'{"type":"message","id":"a"', "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"[1, 2]", "expected an entry"),
+        (b'"message"', "expected an entry"),
+        (b'{"id":"a","message":{"role":"user","content":[]}}', "expected an entry"),
+        (b'{"type":"message","id":"a"}', "expected an entry"),
+        (b'{"type":"message","id":"a","message":{"role":"robot","content":[]}}',
+         "expected an entry"),
+        (b'{"type":"compaction","id":"a","summary":"s","first_kept_entry_id":5}',
+         "expected an entry"),
+        (b'{"type":"custom","id":"a","kind":"k"}', "expected an entry"),
+        (b'{"type":"session_init","version":1,"id":"s","created_at":"2025-01-01T00:00:00Z"}',
+         "expected an entry"),
+        (b'{"type":"future_kind"}', "expected an entry"),  # unknown type without a header
+        # A missing id or timestamp must not be invented anew on every load.
+        (b'{"type":"message","timestamp":"2025-01-01T00:00:00Z",'
+         b'"message":{"role":"user","content":[]}}', "expected an entry with an id"),
+        (b'{"type":"custom","id":"","timestamp":"2025-01-01T00:00:00Z","kind":"k","data":1}',
+         "expected an entry with an id"),
+        (b'{"type":"compaction","id":"a","summary":"s","first_kept_entry_id":"b"}',
+         "expected an entry with an id and a timestamp"),
+    ],
+)
+def test_bad_line_is_corrupt_log_naming_file_and_line(line: bytes, expected: str) -> None:
+    with pytest.raises(CorruptLog) as info:
+        decode_entry(line, session_id="s1", path="sessions/s1.jsonl", lineno=17)
+    assert str(info.value).startswith(f"sessions/s1.jsonl line 17: {expected}")
+    assert (info.value.path, info.value.line, info.value.session_id) == (
+        "sessions/s1.jsonl", 17, "s1"
+    )
+
+
+# -- property: any message or entry survives a round trip ----------------------------
+
+_json_scalar = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+)
+json_values = st.recursive(
+    _json_scalar,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+_ids = st.text(min_size=1, max_size=20)
+_opt_str = st.none() | st.text(max_size=20)
+_ts = st.datetimes(timezones=st.just(UTC))
+
+text_parts = st.builds(TextPart, text=st.text())
+image_parts = st.builds(ImagePart, data=st.text(), mime_type=st.sampled_from(["image/png", "a/b"]))
+thinking_parts = st.builds(
+    ThinkingPart, thinking=st.text(), signature=_opt_str, redacted=st.booleans(),
+    provider=_opt_str,
+)
+tool_calls = st.builds(
+    ToolCall, id=_ids, name=st.text(min_size=1),
+    arguments=st.dictionaries(st.text(), json_values, max_size=5),
+)
+user_content = st.lists(text_parts | image_parts, max_size=4).map(tuple)
+usages = st.builds(
+    Usage, input_tokens=st.integers(0, 10**9), output_tokens=st.integers(0, 10**9),
+    cache_read_tokens=st.integers(0, 10**9), cache_write_tokens=st.integers(0, 10**9),
+    reasoning_tokens=st.integers(0, 10**9),
+)
+messages = st.one_of(
+    st.builds(UserMessage, content=user_content),
+    st.builds(
+        AssistantMessage,
+        content=st.lists(text_parts | thinking_parts | tool_calls, max_size=5).map(tuple),
+        model=st.text(), provider=st.text(), api=st.text(), usage=usages,
+        stop_reason=st.sampled_from(["stop", "length", "tool_use", "error", "aborted"]),
+        error_message=_opt_str, response_id=_opt_str,
+    ),
+    st.builds(
+        ToolResultMessage, tool_call_id=_ids, tool_name=st.text(), content=user_content,
+        is_error=st.booleans(), synthesized=st.sampled_from([None, "aborted", "interrupted"]),
+        details=json_values,
+    ),
+)
+_header = {
+    "id": _ids, "parent_id": st.none() | _ids, "timestamp": _ts, "origin_id": st.none() | _ids
+}
+entries = st.one_of(
+    st.builds(MessageEntry, message=messages, **_header),
+    st.builds(
+        CompactionEntry, summary=st.text(), first_kept_entry_id=_ids,
+        tokens_before=st.integers(0, 2**40), details=json_values, **_header,
+    ),
+    st.builds(BranchSummaryEntry, from_id=_ids, summary=st.text(), details=json_values, **_header),
+    st.builds(
+        CustomMessageEntry, kind=st.text(), content=user_content, display=st.booleans(),
+        details=json_values, **_header,
+    ),
+    st.builds(
+        CustomEntry, kind=st.just(TODO_KIND),
+        data=st.builds(Todo, title=st.text(), done=st.booleans(), tags=st.lists(st.text())),
+        **_header,
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries)
+def test_property_any_entry_round_trips(entry: Entry) -> None:
+    line = encode_entry(entry)
+    assert b"\n" not in line
+    back = decode_entry(line)
+    assert back == entry
+    assert encode_entry(back) == line
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(entries, max_size=8))
+def test_property_encode_entries_splits_back_into_the_same_entries(batch: list[Entry]) -> None:
+    blob = encode_entries(batch)
+    assert [decode_entry(x) for x in blob.split(b"\n")[:-1]] == batch
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.builds(CustomEntry, kind=st.text(min_size=1).map(lambda k: "unreg." + k),
+                 data=json_values, **_header))
+def test_property_unregistered_custom_entries_are_lossless(entry: CustomEntry[Any]) -> None:
+    line = encode_entry(entry)
+    bare = decode_entry(line)
+    assert isinstance(bare, CustomEntry)
+    assert isinstance(bare.data, msgspec.Raw)
+    assert encode_entry(bare) == line
+
+
+def test_design_doc_example_session_file_decodes_and_reencodes_unchanged() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text("utf-8")
+    block = doc.split("<!-- example-session-file")[1].split("```jsonl\n")[1].split("```")[0]
+    first, *rest = block.encode().splitlines()
+    record = decode_init(first)
+    assert record.id == "user-42"
+    assert encode_init(record) == first
+    decoded = [decode_entry(line) for line in rest]
+    assert [type(e).__name__ for e in decoded] == ["MessageEntry"] * 3 + ["CustomEntry"]
+    assert [e.parent_id for e in decoded[1:]] == [e.id for e in decoded[:-1]]
+    assert encode_entries(decoded) == b"\n".join(rest) + b"\n"

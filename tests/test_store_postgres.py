@@ -1,0 +1,264 @@
+"""PostgresStore against the real server: the conformance suite plus what is
+particular to PostgreSQL. Every test works in its own schema, dropped after."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from threadline.ai.messages import UserMessage
+from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
+from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, TreeIndex
+from threadline.session.postgres import MIGRATIONS
+from threadline.testing import StoreConformance
+from threadline.testing.conformance import StoreOpener, check_concurrent_log
+
+
+class TestPostgresStore(StoreConformance):
+    @pytest.fixture(autouse=True)
+    def _schema(self, pg_url: str, pg_schema: str) -> Iterator[None]:
+        self.pg_url, self.pg_schema = pg_url, pg_schema
+        yield
+
+    async def make_store(self, tmp_path: Path) -> Store:
+        return PostgresStore(self.pg_url, schema=self.pg_schema, max_size=4)
+
+    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
+        return functools.partial(PostgresStore, self.pg_url, schema=self.pg_schema,
+                                 max_size=2)
+
+
+def _entry(text: str, parent: str | None = None) -> MessageEntry:
+    return MessageEntry(parent_id=parent, message=UserMessage.of(text))
+
+
+def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query.encode(), params)
+        return cur.fetchall() if cur.description else []
+
+
+async def test_migrations_recorded_once_and_reopen_is_idempotent(
+    pg_url: str, pg_schema: str
+) -> None:
+    for n in range(3):
+        async with PostgresStore(pg_url, schema=pg_schema) as store:
+            await store.create_session(SessionRecord(id=f"s{n}"))
+    versions = _rows(pg_url, f"SELECT version FROM {pg_schema}.schema_migrations")
+    assert [v for (v,) in versions] == [v for v, _ in MIGRATIONS]
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        assert [r.id for r in (await store.list_sessions()).sessions] == ["s2", "s1", "s0"]
+
+
+async def test_stores_migrating_a_new_schema_at_once(pg_url: str, pg_schema: str) -> None:
+    stores = [PostgresStore(pg_url, schema=pg_schema, max_size=1) for _ in range(8)]
+    # Connect first, so the migrations themselves start together.
+    await asyncio.gather(*(s.pool.open(wait=True) for s in stores))
+    await asyncio.gather(*(s.create_session(SessionRecord(id=f"p{n}"))
+                           for n, s in enumerate(stores)))
+    for s in stores:
+        await s.close()
+    assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.schema_migrations") == [
+        (len(MIGRATIONS),)]
+    assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.sessions") == [(8,)]
+
+
+def _open_and_create(url: str, schema: str, n: int) -> int:
+    async def run() -> int:
+        async with PostgresStore(url, schema=schema, max_size=1) as store:
+            await store.create_session(SessionRecord(id=f"p{n}"))
+        return n
+
+    return asyncio.run(run())
+
+
+async def test_processes_migrating_a_new_schema_at_once(pg_url: str, pg_schema: str) -> None:
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # Warm the workers first, so the migrations really start together.
+        await asyncio.gather(*(loop.run_in_executor(pool, abs, n) for n in range(4)))
+        done = await asyncio.gather(*(
+            loop.run_in_executor(pool, _open_and_create, pg_url, pg_schema, n)
+            for n in range(4)))
+    assert sorted(done) == list(range(4))
+    assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.schema_migrations") == [
+        (len(MIGRATIONS),)]
+    assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.sessions") == [(4,)]
+
+
+def _append_chain(url: str, schema: str, sid: str, writer: int, count: int) -> list[str]:
+    async def run() -> list[str]:
+        acknowledged: list[str] = []
+        parent = None
+        async with PostgresStore(url, schema=schema, max_size=1) as store:
+            for n in range(count):
+                # Batches of 1-3 entries: a batch must stay contiguous.
+                batch = []
+                for k in range(1 + (writer + n) % 3):
+                    entry = _entry(f"w{writer} {n}.{k}", parent)
+                    parent = entry.id
+                    batch.append(entry)
+                await store.append_entries(sid, batch)
+                acknowledged += [e.id for e in batch]
+        return acknowledged
+
+    return asyncio.run(run())
+
+
+async def test_s4_processes_appending_to_one_session_keep_one_order(
+    pg_url: str, pg_schema: str
+) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="hot"))
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
+            chains = await asyncio.gather(*(
+                loop.run_in_executor(pool, _append_chain, pg_url, pg_schema, "hot", w, 40)
+                for w in range(6)))
+        loaded = await store.load_entries("hot")
+        check_concurrent_log(loaded, chains)
+        # The sequence is gapless, and every batch sits in one contiguous run.
+        seqs = _rows(pg_url, f"SELECT seq, entry_id FROM {pg_schema}.entries "
+                             f"WHERE session_id = 'hot' ORDER BY seq")
+        assert [s for s, _ in seqs] == list(range(1, len(loaded) + 1))
+        assert [i for _, i in seqs] == [e.id for e in loaded]
+        writer_of = {i: w for w, chain in enumerate(chains) for i in chain}
+        runs = sum(1 for a, b in zip(loaded, loaded[1:], strict=False)
+                   if writer_of[a.id] != writer_of[b.id])
+        assert runs >= 1  # the writers really interleaved
+
+
+async def test_s4_two_stores_append_from_one_leaf_grow_siblings(
+    pg_url: str, pg_schema: str
+) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as a, \
+            PostgresStore(pg_url, schema=pg_schema) as b:
+        await a.create_session(SessionRecord(id="s"))
+        root = _entry("root")
+        await a.append_entries("s", [root])
+        leaf_a = TreeIndex(await a.load_entries("s")).leaf_id
+        leaf_b = TreeIndex(await b.load_entries("s")).leaf_id
+        first, second = _entry("from a", leaf_a), _entry("from b", leaf_b)
+        await asyncio.gather(a.append_entries("s", [first]), b.append_entries("s", [second]))
+        tree = TreeIndex(await b.load_entries("s"))
+        assert sorted(e.id for e in tree.children(root.id)) == sorted([first.id, second.id])
+
+
+async def _prepared_statements(store: PostgresStore) -> int:
+    async with store.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize(("threshold", "expect_prepared"), [(None, False), (0, True)])
+async def test_prepare_threshold_none_leaves_no_server_side_statements(
+    pg_url: str, pg_schema: str, threshold: int | None, expect_prepared: bool
+) -> None:
+    # PgBouncer in transaction mode breaks on named prepared statements; with
+    # prepare_threshold=None the server must never hold one.
+    async with PostgresStore(pg_url, schema=pg_schema, prepare_threshold=threshold,
+                             min_size=1, max_size=1) as store:
+        await store.create_session(SessionRecord(id="s"))
+        for n in range(8):
+            await store.append_entries("s", [_entry(str(n))])
+            await store.load_entries("s")
+            await store.list_sessions()
+        assert len(await store.load_entries("s")) == 8
+        assert (await _prepared_statements(store) > 0) is expect_prepared
+
+
+async def test_pool_passed_in_is_used_committed_and_left_open(
+    pg_url: str, pg_schema: str
+) -> None:
+    # A pool handing out connections outside autocommit: the store must commit.
+    async with AsyncConnectionPool(pg_url, min_size=1, max_size=2, open=False,
+                                   name="app-pool") as pool:
+        store = PostgresStore(pool, schema=pg_schema)
+        await store.create_session(SessionRecord(id="s", parent_id="p"))
+        await store.append_entries("s", [_entry("one"), _entry("two")])
+        await store.close()
+        assert not pool.closed
+        assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.entries") == [(2,)]
+        again = PostgresStore(pool, schema=pg_schema)
+        assert (await again.load_session("s")).parent_id == "p"
+        assert len(await again.load_entries("s")) == 2
+        assert "app-pool" in repr(again)
+
+
+async def test_schemas_isolate_stores(pg_url: str, pg_schema: str) -> None:
+    other = pg_schema + "_b"
+    try:
+        async with PostgresStore(pg_url, schema=pg_schema) as a, \
+                PostgresStore(pg_url, schema=other) as b:
+            await a.create_session(SessionRecord(id="same"))
+            await b.create_session(SessionRecord(id="same"))
+            await a.append_entries("same", [_entry("in a")])
+            assert len(await a.load_entries("same")) == 1
+            assert list(await b.load_entries("same")) == []
+            await b.delete_session("same")
+            assert len(await a.load_entries("same")) == 1
+        tables = _rows(pg_url, "SELECT table_schema, table_name FROM information_schema.tables "
+                               "WHERE table_schema IN (%s, %s) ORDER BY 1, 2", pg_schema, other)
+        assert tables == sorted(
+            (s, t) for s in (pg_schema, other) for t in ("entries", "schema_migrations",
+                                                           "sessions"))
+    finally:
+        _rows(pg_url, f"DROP SCHEMA IF EXISTS {other} CASCADE")
+
+
+async def test_every_key_and_index_starts_with_session_id(pg_url: str, pg_schema: str) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="s"))
+    first_columns = _rows(
+        pg_url,
+        "SELECT c.relname, a.attname FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_class t ON t.oid = i.indrelid "
+        "JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
+        "WHERE n.nspname = %s AND t.relname IN ('sessions', 'entries')", pg_schema)
+    assert len(first_columns) == 3  # two primary keys and the entry-id unique key
+    assert {col for _, col in first_columns} == {"session_id"}
+
+
+async def test_corrupt_row_names_table_and_row(pg_url: str, pg_schema: str) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="s"))
+        await store.append_entries("s", [_entry("fine"), _entry("to be broken")])
+        _rows(pg_url, f"UPDATE {pg_schema}.entries SET data = '\\x7b226e6f74'::bytea "
+                      f"WHERE seq = 2")
+        with pytest.raises(CorruptLog) as info:
+            await store.load_entries("s")
+        assert "table entries" in str(info.value) and "seq=2" in str(info.value)
+        assert pg_schema in str(info.value)
+
+
+async def test_unreachable_server_is_a_store_error_without_the_password() -> None:
+    store = PostgresStore("postgresql://u:hunter2@127.0.0.1:9/x", connect_timeout=1)
+    with pytest.raises(StoreError) as info:
+        await store.load_entries("s")
+    assert "hunter2" not in str(info.value) and "127.0.0.1:9" in str(info.value)
+    await store.close()
+
+
+async def test_bad_arguments(pg_url: str, pg_schema: str) -> None:
+    with pytest.raises(ConfigError):
+        PostgresStore(pg_url, schema="")
+    with pytest.raises(ConfigError):
+        PostgresStore(pg_url, min_size=5, max_size=2)
+    with pytest.raises(ConfigError):
+        PostgresStore(42)  # type: ignore[arg-type]
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        with pytest.raises(InvalidSessionId):
+            await store.create_session(SessionRecord(id="nul\x00id"))

@@ -1,0 +1,229 @@
+"""SQLiteStore: the conformance suite plus what is particular to SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from threadline.ai.messages import UserMessage
+from threadline.errors import ConfigError, CorruptLog, StoreError
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, TreeIndex
+from threadline.session.sqlite import MIGRATIONS
+from threadline.testing import StoreConformance
+from threadline.testing.conformance import StoreOpener
+
+
+class TestSQLiteStore(StoreConformance):
+    async def make_store(self, tmp_path: Path) -> Store:
+        return SQLiteStore(tmp_path / "sessions.db")
+
+    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
+        return functools.partial(SQLiteStore, str(tmp_path / "sessions.db"))
+
+
+def _entry(text: str, parent: str | None = None) -> MessageEntry:
+    return MessageEntry(parent_id=parent, message=UserMessage.of(text))
+
+
+def _raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+async def test_wal_and_synchronous_settings(tmp_path: Path) -> None:
+    for mode, level in (("FULL", 2), ("NORMAL", 1)):
+        store = SQLiteStore(tmp_path / f"{mode}.db", synchronous=mode)  # type: ignore[arg-type]
+        await store.create_session(SessionRecord(id="s"))
+        conn = store._conn
+        assert conn is not None
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
+        await store.close()
+    assert SQLiteStore(tmp_path / "d.db").synchronous == "FULL"
+    with pytest.raises(ConfigError, match="OFF"):
+        SQLiteStore(tmp_path / "x.db", synchronous="OFF")  # type: ignore[arg-type]
+
+
+async def test_migrations_recorded_once_and_reopen_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    for _ in range(3):
+        store = SQLiteStore(path)
+        await store.create_session(SessionRecord(id=f"s{_}"))
+        await store.close()
+    with _raw(path) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
+    assert versions == [v for v, _ in MIGRATIONS]
+    store = SQLiteStore(path)
+    assert [r.id for r in (await store.list_sessions()).sessions] == ["s2", "s1", "s0"]
+    await store.close()
+
+
+def _open_and_create(path: str, n: int) -> int:
+    async def run() -> int:
+        store = SQLiteStore(path)
+        try:
+            await store.create_session(SessionRecord(id=f"p{n}"))
+            return n
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+async def test_processes_migrating_a_new_file_at_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "race.db")
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = await asyncio.gather(*(
+            loop.run_in_executor(pool, _open_and_create, path, n) for n in range(6)))
+    assert sorted(done) == list(range(6))
+    with _raw(Path(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(
+            MIGRATIONS)
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6
+
+
+async def test_s4_two_handles_append_from_one_leaf_grow_siblings(tmp_path: Path) -> None:
+    a, b = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
+    await a.create_session(SessionRecord(id="s"))
+    root = _entry("root")
+    await a.append_entries("s", [root])
+    leaf_a = TreeIndex(await a.load_entries("s")).leaf_id
+    leaf_b = TreeIndex(await b.load_entries("s")).leaf_id
+    first, second = _entry("from a", leaf_a), _entry("from b", leaf_b)
+    await asyncio.gather(a.append_entries("s", [first]), b.append_entries("s", [second]))
+    tree = TreeIndex(await a.load_entries("s"))
+    assert sorted(e.id for e in tree.children(root.id)) == sorted([first.id, second.id])
+    with _raw(tmp_path / "s.db") as conn:
+        assert [r[0] for r in conn.execute(
+            "SELECT seq FROM entries WHERE session_id='s' ORDER BY seq")] == [1, 2, 3]
+    await a.close()
+    await b.close()
+
+
+async def test_writer_holding_the_lock_is_waited_out_not_reported(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    await store.create_session(SessionRecord(id="s"))
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    released = threading.Event()
+
+    def release() -> None:
+        time.sleep(0.3)
+        released.set()
+        other.execute("COMMIT")
+
+    threading.Thread(target=release).start()
+    await store.append_entries("s", [_entry("after the lock")])
+    assert released.is_set()
+    assert len(await store.load_entries("s")) == 1
+    other.close()
+    await store.close()
+
+
+async def test_lock_held_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    store = SQLiteStore(path, busy_timeout=0.2)
+    await store.create_session(SessionRecord(id="s"))
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError, match="busy timeout") as info:
+            await store.append_entries("s", [_entry("x")])
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        assert info.value.session_id == "s"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    await store.append_entries("s", [_entry("y")])  # the handle still works
+    assert len(await store.load_entries("s")) == 1
+    await store.close()
+
+
+async def test_corrupt_row_names_table_and_row(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SQLiteStore(path)
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_entry("fine"), _entry("to be broken")])
+    with _raw(path) as conn:
+        conn.execute("UPDATE entries SET data = X'7b226e6f74' WHERE seq = 2")
+    with pytest.raises(CorruptLog) as info:
+        await store.load_entries("s")
+    message = str(info.value)
+    assert "table entries" in message and "seq=2" in message and str(path) in message
+    assert info.value.session_id == "s"
+    await store.close()
+
+
+async def test_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    await store.create_session(SessionRecord(id="s"))
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.load_entries("s")
+
+
+async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    store = SQLiteStore(blocker / "x.db")
+    with pytest.raises(StoreError, match="x.db"):
+        await store.load_entries("s")
+    await store.close()
+
+
+_APPENDER = """
+import asyncio, sys
+from threadline.ai.messages import UserMessage
+from threadline.session import MessageEntry, SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    parent = None
+    n = 0
+    while True:
+        entry = MessageEntry(parent_id=parent, message=UserMessage.of(f"{sys.argv[2]} {n}"))
+        await store.append_entries(sys.argv[2], [entry])
+        print(entry.id, flush=True)  # acknowledged
+        parent, n = entry.id, n + 1
+
+asyncio.run(main())
+"""
+
+
+async def test_s4_kill_9_writers_lose_no_acknowledged_entry(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    store = SQLiteStore(path)
+    writers = [f"w{n}" for n in range(3)]
+    for sid in writers:
+        await store.create_session(SessionRecord(id=sid))
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), sid],
+                              stdout=subprocess.PIPE, text=True) for sid in writers]
+    acknowledged: dict[str, list[str]] = {}
+    for sid, proc in zip(writers, procs, strict=True):
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().strip() for _ in range(15)]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        lines += proc.stdout.read().split()  # acknowledged before the kill landed
+        acknowledged[sid] = [line for line in lines if line]
+    for sid in writers:
+        stored = [e.id for e in await store.load_entries(sid)]
+        # Everything acknowledged is there, in order; at most the one append in
+        # flight when the kill landed may be there without an acknowledgement.
+        assert stored[: len(acknowledged[sid])] == acknowledged[sid]
+        assert len(stored) - len(acknowledged[sid]) <= 1
+    await store.close()

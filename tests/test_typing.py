@@ -1,0 +1,44 @@
+"""The generic parts of the API type-check as documented (mypy --strict on tests/typing/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mypy import api as mypy_api
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS = Path(__file__).resolve().parent / "typing"
+
+
+def run_mypy(*paths: Path) -> tuple[str, int]:
+    stdout, stderr, status = mypy_api.run([
+        "--config-file", str(ROOT / "pyproject.toml"),
+        "--cache-dir", str(ROOT / ".mypy_cache" / "typing-tests"),
+        "--no-error-summary", "--hide-error-context",
+        *map(str, paths),
+    ])
+    return stdout + stderr, status
+
+
+def test_s9_custom_entry_types_check_strict() -> None:
+    output, status = run_mypy(CHECKS / "check_custom_types.py")
+    assert status == 0, output
+
+
+def test_typing_check_detects_a_wrong_claim(tmp_path: Path) -> None:
+    # The same machinery must fail on a false claim, or the test above proves nothing.
+    bad = tmp_path / "bad_claim.py"
+    bad.write_text(
+        "from typing import assert_type\n"
+        "import msgspec\n"
+        "from threadline.session.entries import CustomEntry\n"
+        "from threadline.session.codec import decode_entry\n"
+        "class Todo(msgspec.Struct):\n"
+        "    title: str\n"
+        "e = CustomEntry(kind='todo', data=Todo(title='x'))\n"
+        "assert_type(e.data, str)\n"
+        "assert_type(decode_entry(b''), CustomEntry[Todo])\n"
+    )
+    output, status = run_mypy(bad)
+    assert status == 1
+    assert output.count("assert-type") == 2, output
