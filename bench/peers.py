@@ -149,6 +149,7 @@ class Adapter:
     label = ""
     step = 1
     threadline = False
+    workdir: Path
 
     async def open(self, n: int) -> None:
         raise NotImplementedError
@@ -352,13 +353,81 @@ def threadline_available(kind: str) -> bool:
         return False
 
 
+class _StoreAgent:
+    """The part of ``threadline.durable.DurableAgent`` this benchmark uses, on the bare
+    Store API: the stand-in while ``threadline.durable`` does not import."""
+
+    def __init__(self, store: Any, session_id: str, entries: Sequence[Any]) -> None:
+        from threadline.session import TreeIndex
+
+        self.store, self.session_id = store, session_id
+        self.tree = TreeIndex(entries, session_id=session_id)
+
+    @classmethod
+    async def open(cls, store: Any, session_id: str) -> _StoreAgent:
+        from threadline.errors import SessionNotFound
+        from threadline.session import SessionRecord
+
+        try:
+            entries = await store.load_entries(session_id)
+        except SessionNotFound:
+            await store.create_session(SessionRecord(id=session_id))
+            entries = []
+        return cls(store, session_id, entries)
+
+    async def append(self, message: Any) -> None:
+        from threadline.session import MessageEntry
+
+        entry = MessageEntry(parent_id=self.tree.leaf_id, message=message)
+        await self.store.append_entries(self.session_id, [entry])
+        self.tree.add(entry)
+
+    def path(self) -> list[Any]:
+        return self.tree.path()
+
+    def messages(self) -> list[Any]:
+        from threadline.session import build_context
+
+        return build_context(self.tree.path())
+
+    def branch(self, entry_id: str) -> None:
+        self.tree.set_leaf(entry_id)
+
+    async def fork(self, session_id: str) -> None:
+        from threadline.session import SessionRecord, new_id
+
+        copies, parent = [], None
+        for entry in self.tree.path():
+            copy = msgspec.structs.replace(entry, id=new_id(), parent_id=parent,
+                                           origin_id=entry.id)
+            copies.append(copy)
+            parent = copy.id
+        await self.store.create_session(SessionRecord(id=session_id, parent_id=self.session_id))
+        await self.store.append_entries(session_id, copies)
+
+
+def durable_available() -> bool:
+    try:
+        import threadline.durable  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class ThreadlineAdapter(Adapter):
+    """threadline as an application uses it: a durable agent over a store.
+
+    ``threadline.durable`` when it imports (``via = "durable"``), else the
+    same calls on the bare Store API (``via = "store"``).
+    """
+
     threadline = True
 
     def __init__(self, kind: str, workdir: Path, pg: Postgres | None) -> None:
         self.kind, self.workdir, self.pg = kind, workdir, pg
         self.name = f"threadline-{kind}"
-        self.label = THREADLINE_STORES[kind][1]
+        self.via = "durable" if durable_available() else "store"
+        self.label = f"{THREADLINE_STORES[kind][1]} (via {self.via})"
         self._stores: list[Any] = []
 
     async def _store(self) -> Any:
@@ -374,38 +443,35 @@ class ThreadlineAdapter(Adapter):
         else:
             assert self.pg is not None
             store = ts.PostgresStore(self.pg.url, schema=self.schema)
-        opener = getattr(store, "open", None)
-        if opener is not None:
-            await opener()
         self._stores.append(store)
         return store
 
-    async def open(self, n: int) -> None:
-        from threadline.session import SessionRecord, TreeIndex
+    async def _agent(self, store: Any) -> Any:
+        if self.via == "durable":
+            from threadline import durable
 
+            return await durable.open(None, store=store, session_id=SESSION)
+        return await _StoreAgent.open(store, SESSION)
+
+    async def open(self, n: int) -> None:
         self.root = self.workdir / f"{self.name}-{n}"
         self.root.mkdir()
         self.schema = f"{self.name}-{n}".replace("-", "_")
         if self.pg is not None and self.kind == "postgres":
             self.pg.reset_schema(self.schema, create=False)
         self.store = await self._store()
-        await self.store.create_session(SessionRecord(id=SESSION))
-        self.tree = TreeIndex(session_id=SESSION)
+        self.agent = await self._agent(self.store)
 
-    def _entry(self, text: str, index: int) -> Any:
+    @staticmethod
+    def _message(text: str, index: int) -> Any:
         from threadline.ai import AssistantMessage, TextPart, UserMessage
-        from threadline.session import MessageEntry
 
-        message = (
-            UserMessage.of(text) if is_user(index)
-            else AssistantMessage(content=(TextPart(text=text),))
-        )
-        return MessageEntry(parent_id=self.tree.leaf_id, message=message)
+        if is_user(index):
+            return UserMessage.of(text)
+        return AssistantMessage(content=(TextPart(text=text),))
 
     async def append(self, texts: Sequence[str], start: int) -> None:
-        entry = self._entry(texts[0], start)
-        await self.store.append_entries(SESSION, [entry])
-        self.tree.add(entry)
+        await self.agent.append(self._message(texts[0], start))
 
     async def stored_bytes(self) -> int | None:
         if self.kind == "memory":
@@ -417,45 +483,26 @@ class ThreadlineAdapter(Adapter):
         assert self.pg is not None
         return self.pg.schema_bytes(self.schema)
 
-    @staticmethod
-    def _texts(messages: Sequence[Any]) -> list[str]:
-        return [m.text for m in messages]
-
     async def cold_load(self) -> Timed:
-        from threadline.session import TreeIndex, build_context
-
         t0 = time.perf_counter()
         # Memory keeps nothing across processes: its "cold" load is a warm one.
         store = self.store if self.kind == "memory" else await self._store()
-        tree = TreeIndex(await store.load_entries(SESSION), session_id=SESSION)
-        messages = build_context(tree.path())
-        return Timed(time.perf_counter() - t0, self._texts(messages))
+        agent = await self._agent(store)
+        messages = agent.messages()
+        return Timed(time.perf_counter() - t0, [m.text for m in messages])
 
     async def context_after_append(self, texts: Sequence[str], start: int) -> Timed:
-        from threadline.session import build_context
-
-        # A live agent holds its tree: the append is the only I/O.
+        # The agent holds its tree: the append is the only I/O.
         t0 = time.perf_counter()
         await self.append(texts, start)
-        messages = build_context(self.tree.path())
-        return Timed(time.perf_counter() - t0, self._texts(messages))
+        messages = self.agent.messages()
+        return Timed(time.perf_counter() - t0, [m.text for m in messages])
 
     async def fork(self, at: int) -> float:
-        """Copy the active path up to its ``at``-th entry into a child session."""
-        from threadline.session import SessionRecord, new_id
-
+        """Fork the active path cut at its ``at``-th entry into a child session."""
+        self.agent.branch(self.agent.path()[at - 1].id)
         t0 = time.perf_counter()
-        path = self.tree.path()[:at]
-        copies, parent = [], None
-        for entry in path:
-            copy = msgspec.structs.replace(
-                entry, id=new_id(), parent_id=parent, origin_id=entry.id
-            )
-            copies.append(copy)
-            parent = copy.id
-        child = f"{SESSION}-fork"
-        await self.store.create_session(SessionRecord(id=child, parent_id=SESSION))
-        await self.store.append_entries(child, copies)
+        await self.agent.fork(f"{SESSION}-fork")
         return time.perf_counter() - t0
 
     async def close(self) -> None:
@@ -483,24 +530,35 @@ class Point:
     fork_bytes: int | None = None
     fork_payload_bytes: int | None = None
 
-    def summary(self) -> dict[str, Any]:
-        lat = sorted(self.append_ms)
-        return {
-            "n": self.n,
-            "payload_bytes": self.payload_bytes,
-            "stored_bytes": self.stored_bytes,
-            "bytes_ratio": None if self.stored_bytes is None
-            else self.stored_bytes / self.payload_bytes,
-            "append_calls": len(lat),
-            "append_p50_ms": statistics.median(lat),
-            "append_p99_ms": percentile(lat, 0.99),
-            "append_total_ms": sum(lat),
-            "cold_load_ms": self.cold_load_ms,
-            "context_ms": self.context_ms,
-            "fork_ms": self.fork_ms,
-            "fork_bytes": self.fork_bytes,
-            "fork_payload_bytes": self.fork_payload_bytes,
-        }
+
+
+def summarize(reps: Sequence[Point]) -> dict[str, Any]:
+    """Pool the repetitions of one (system, N): append samples are concatenated,
+    one-shot timings take the median, sizes the last run (they barely vary)."""
+
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    last = reps[-1]
+    lat = sorted(ms for p in reps for ms in p.append_ms)
+    return {
+        "n": last.n,
+        "repeats": len(reps),
+        "payload_bytes": last.payload_bytes,
+        "stored_bytes": last.stored_bytes,
+        "bytes_ratio": None if last.stored_bytes is None
+        else last.stored_bytes / last.payload_bytes,
+        "append_calls": len(lat),
+        "append_p50_ms": statistics.median(lat),
+        "append_p99_ms": percentile(lat, 0.99),
+        "append_total_ms": sum(lat) / len(reps),
+        "cold_load_ms": med([p.cold_load_ms for p in reps]),
+        "context_ms": med([p.context_ms for p in reps]),
+        "fork_ms": med([p.fork_ms for p in reps]),
+        "fork_bytes": last.fork_bytes,
+        "fork_payload_bytes": last.fork_payload_bytes,
+    }
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -543,6 +601,8 @@ async def measure(adapter: Adapter, n: int, texts: Sequence[str]) -> Point:
         return point
     finally:
         await adapter.close()
+        shutil.rmtree(adapter.workdir)
+        adapter.workdir.mkdir()
 
 
 def slope(ns: Sequence[int], values: Sequence[float | None]) -> float | None:
@@ -613,6 +673,9 @@ def build_adapters(
         adapters.append(ThreadlineAdapter(kind, workdir, pg))
     if names:
         adapters = [a for a in adapters if any(s in a.name for s in names)]
+    for a in adapters:  # each its own directory, emptied after every measurement
+        a.workdir = workdir / a.name
+        a.workdir.mkdir()
     return adapters
 
 
@@ -686,13 +749,37 @@ def print_rich(report: dict[str, Any]) -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    parts = []
+    m = report["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    parts = [
+        f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']},"
+        f" SQLite {m['sqlite']}, PostgreSQL {m['postgresql']}; load average"
+        f" {m['loadavg_at_start'][0]:.2f} at start, {m['loadavg_at_end'][0]:.2f} at end;"
+        f" {report['repeat']} repetition(s), {report['wall_seconds']:.0f} s.",
+        f"Versions: {versions}.",
+    ]
+    if report["missing"]:
+        parts.append("Not measured (store missing): " + ", ".join(report["missing"]) + ".")
     for title, header, rows in tables(report):
         lines = [f"**{title}**", "", "| " + " | ".join(header) + " |",
                  "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
+
+
+# One look per system in every figure: peers dashed, threadline solid.
+STYLE = {
+    "langgraph-sqlite-update": ("tab:orange", "o"),
+    "langgraph-sqlite-invoke": ("tab:brown", "s"),
+    "langgraph-postgres-update": ("tab:red", "D"),
+    "langgraph-postgres-invoke": ("tab:pink", "^"),
+    "openai-agents-sqlite": ("tab:olive", "v"),
+    "threadline-memory": ("tab:gray", "x"),
+    "threadline-file": ("tab:blue", "o"),
+    "threadline-sqlite": ("tab:cyan", "s"),
+    "threadline-postgres": ("tab:purple", "D"),
+}
 
 
 def plot(report: dict[str, Any]) -> list[Path]:
@@ -702,52 +789,47 @@ def plot(report: dict[str, Any]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     IMG.mkdir(parents=True, exist_ok=True)
-    styles = {
-        "langgraph": ("tab:orange", "tab:red"),
-        "openai": ("tab:green", "tab:green"),
-        "threadline": ("tab:blue", "tab:purple"),
-    }
-    written = []
-    for key, fname, ylabel, title in (
-        ("stored_bytes", "peers-bytes.png", "bytes stored",
-         "Bytes stored vs conversation length (log-log)"),
-        ("append_p50_ms", "peers-append.png", "append latency p50, ms (p99 dotted)",
-         "Append latency vs conversation length (log-log)"),
-    ):
-        fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
-        markers = iter("osD^v<>ph*")
+    ns = report["ns"]
+
+    def draw(ax: Any, key: str, ylabel: str, title: str) -> None:
         for s in report["systems"]:
             pts = [p for p in s["points"] if p[key]]
             if not pts:
                 continue
-            family = next(k for k in styles if s["name"].startswith(k))
-            color = styles[family][0 if "postgres" not in s["name"] else 1]
-            ls = "-" if s["threadline"] else "--"
-            xs = [p["n"] for p in pts]
-            line, = ax.plot(xs, [p[key] for p in pts], ls, marker=next(markers), color=color,
-                            label=s["name"])
-            if key == "append_p50_ms":
-                ax.plot(xs, [p["append_p99_ms"] for p in pts], ":", color=line.get_color(),
-                        alpha=0.6)
-        if key == "stored_bytes":
-            ns = report["ns"]
-            ax.plot(ns, [n * PAYLOAD_CHARS for n in ns], color="black", lw=1, alpha=0.5,
-                    label="raw payload")
+            color, marker = STYLE.get(s["name"], ("black", "."))
+            ax.plot([p["n"] for p in pts], [p[key] for p in pts],
+                    "-" if s["threadline"] else "--", marker=marker, color=color,
+                    label=s["name"] + (" (per turn)" if s["messages_per_append"] > 1 else ""))
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xticks(report["ns"], [str(n) for n in report["ns"]])
+        ax.set_xticks(ns, [str(n) for n in ns])
         ax.minorticks_off()
         ax.set_xlabel("messages in the conversation (N)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-        fig.tight_layout()
-        path = IMG / fname
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
-    return written
+
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    draw(ax, "stored_bytes", "bytes stored", "Bytes stored vs N (log-log)")
+    ax.plot(ns, [n * PAYLOAD_CHARS for n in ns], color="black", lw=1, alpha=0.6,
+            label="raw payload")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    bytes_png = IMG / "peers-bytes.png"
+    fig.savefig(bytes_png)
+    plt.close(fig)
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.5), dpi=110, sharey=True)
+    draw(left, "append_p50_ms", "ms per append call", "Append latency p50 vs N")
+    draw(right, "append_p99_ms", "", "Append latency p99 vs N")
+    right.yaxis.set_tick_params(labelleft=True)
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5, frameon=False)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    append_png = IMG / "peers-append.png"
+    fig.savefig(append_png)
+    plt.close(fig)
+    return [bytes_png, append_png]
 
 
 # --------------------------------------------------------------------------- main
@@ -768,23 +850,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         adapters = build_adapters(args.systems, workdir, pg, missing)
         report: dict[str, Any] = {
             "ns": list(ns), "payload_chars": PAYLOAD_CHARS, "quick": args.quick,
+            "repeat": args.repeat,
             "machine": machine(pg), "systems": [], "missing": missing,
         }
         started = time.perf_counter()
-        for adapter in adapters:
-            points = []
+        for adapter in list(adapters):
+            try:  # warm-up: imports, first connections, prepared statements
+                await measure(adapter, 10, texts)
+            except NotImplementedError as exc:  # a store module still being written
+                print(f"skipping {adapter.name}: {exc}", file=sys.stderr)
+                missing.append(adapter.name)
+                adapters.remove(adapter)
+        reps: dict[tuple[str, int], list[Point]] = {}
+        # Systems take turns at each N, so background load hits them alike.
+        for rep in range(args.repeat):
             for n in ns:
-                t0 = time.perf_counter()
-                try:
-                    points.append((await measure(adapter, n, texts)).summary())
-                except NotImplementedError as exc:  # a store module still being written
-                    print(f"skipping {adapter.name}: {exc}", file=sys.stderr)
-                    report["missing"].append(adapter.name)
-                    break
-            if not points:
-                continue
-                print(f"{adapter.name:32} N={n:<4} {time.perf_counter() - t0:6.1f}s",
-                      file=sys.stderr, flush=True)
+                for adapter in adapters:
+                    t0 = time.perf_counter()
+                    reps.setdefault((adapter.name, n), []).append(
+                        await measure(adapter, n, texts)
+                    )
+                    print(f"rep {rep + 1}/{args.repeat} {adapter.name:28} N={n:<4}"
+                          f" {time.perf_counter() - t0:6.1f}s", file=sys.stderr, flush=True)
+        for adapter in adapters:
+            points = [summarize(reps[adapter.name, n]) for n in ns]
             report["systems"].append({
                 "name": adapter.name,
                 "label": adapter.label,
@@ -804,7 +893,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N = 50, 100, 200 only")
+    parser.add_argument("--quick", action="store_true",
+                        help="N = 50, 100, 200 and one repetition")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="repetitions of each (system, N), interleaved (default 3; quick 1)")
     parser.add_argument("--n", type=int, action="append", help="conversation length (repeatable)")
     parser.add_argument("--systems", nargs="*",
                         help="only systems whose name contains one of these")
@@ -816,6 +908,8 @@ def main() -> None:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
     args = parser.parse_args()
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
     report = asyncio.run(run(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -60,7 +60,7 @@ from threadline.ai import (
     UserMessage,
     tool,
 )
-from threadline.errors import AgentError, ModelError, RateLimitError
+from threadline.errors import AgentError, ConfigError, ModelError, RateLimitError, ToolError
 from threadline.testing import Call, Delay, Fail, Gate, ScriptedModel, Text, Thinking, Turn
 
 # --------------------------------------------------------------------------- grammar
@@ -73,7 +73,7 @@ _ENDS = {TextStart: TextEnd, ThinkingStart: ThinkingEnd, ToolCallStart: ToolCall
 def check_stream(updates: Sequence[StreamEvent], message: AssistantMessage) -> None:
     """The model-stream grammar inside one assistant message's MessageUpdates."""
     if not updates:
-        assert message.stop_reason == "error", "only a failed model may stream nothing"
+        assert message.stop_reason in ("error", "aborted"), "only a failed model streams nothing"
         return
     assert isinstance(updates[0], StartEvent), f"first update is {updates[0]!r}"
     open_kind: type | None = None
@@ -268,7 +268,7 @@ async def test_parallel_tools_overlap_and_results_come_in_call_order() -> None:
 
     model = ScriptedModel([Turn.tool_calls(("a", {}), ("b", {})), Turn.text("done")])
     async with asyncio.timeout(10):  # a deadlock fails the test instead of hanging it
-        events, end = await collect(AgentLoop(model, [a, b]))
+        events, _ = await collect(AgentLoop(model, [a, b]))
     assert [e.tool_name for e in of(events, ToolExecutionEnd)] == ["b", "a"]  # b finished first
     turn_end = of(events, TurnEnd)[0]
     assert [r.text for r in turn_end.tool_results] == ["A", "B"]  # yet reported in call order
@@ -425,6 +425,16 @@ async def test_max_turns_stops_after_running_the_last_turns_tools() -> None:
     assert_every_call_answered(end.messages)
 
 
+def test_bad_loop_options_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="max_turns"):
+        AgentLoop(ScriptedModel(), max_turns=0)
+
+    def same() -> None: ...
+
+    with pytest.raises(ToolError, match="same"):
+        AgentLoop(ScriptedModel(), [same, same])
+
+
 async def test_model_error_ends_the_run_with_the_typed_error() -> None:
     limit = RateLimitError("slow down", provider="scripted", retry_after=3.0)
     model = ScriptedModel([Turn(Text("partial"), Call("ls"), Fail("429", limit))])
@@ -578,6 +588,7 @@ async def _full_run_length(parallel: bool) -> int:
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 async def test_abort_at_every_event_index_winds_down_with_a_full_report(parallel: bool) -> None:
     total = await _full_run_length(parallel)
+    seen_cancelled_tools = seen_aborted_streams = seen_unstarted_calls = 0
     for index in range(total):
         loop, model, tracker = _sweep_loop(parallel)
         abort = asyncio.Event()
@@ -596,18 +607,31 @@ async def test_abort_at_every_event_index_winds_down_with_a_full_report(parallel
         assert_every_call_answered(end.messages)
         assert tracker.started == tracker.finished | tracker.cancelled, where
         assert len(model.requests) == requests_at_abort, f"{where}: a model call after abort"
-        if index < total - 1:
+        last = end.messages[-1]
+        if isinstance(last, AssistantMessage) and last.stop_reason == "stop":
+            assert end.error is None and last.text == "done now", where  # nothing left to stop
+        else:
             assert isinstance(end.error, asyncio.CancelledError), where
         synthesized = [
             m for m in end.messages if isinstance(m, ToolResultMessage) and m.synthesized
         ]
         assert len(synthesized) >= len(tracker.cancelled), where
         assert not _pending_tasks(), where
+        seen_cancelled_tools += bool(tracker.cancelled)
+        seen_aborted_streams += any(
+            isinstance(m, AssistantMessage) and m.stop_reason == "aborted" and m.content
+            for m in end.messages
+        )
+        executed = {e.tool_call_id for e in of(events, ToolExecutionStart)}
+        seen_unstarted_calls += any(m.tool_call_id not in executed for m in synthesized)
+    # the sweep really hit each wind-down path
+    assert seen_cancelled_tools and seen_aborted_streams and seen_unstarted_calls
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 async def test_aclose_at_every_event_index_leaves_nothing_running(parallel: bool) -> None:
     total = await _full_run_length(parallel)
+    cancelled_somewhere = 0
     for index in range(total):
         loop, _, tracker = _sweep_loop(parallel)
         stream = loop.run([], [UserMessage.of("go")])
@@ -618,11 +642,14 @@ async def test_aclose_at_every_event_index_leaves_nothing_running(parallel: bool
         assert tracker.started == tracker.finished | tracker.cancelled, where
         with pytest.raises(StopAsyncIteration):
             await anext(stream)
+        cancelled_somewhere += bool(tracker.cancelled)
+    assert cancelled_somewhere  # some closes landed while tools ran
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 async def test_task_cancel_at_every_event_index_propagates_and_cleans_up(parallel: bool) -> None:
     total = await _full_run_length(parallel)
+    cancelled_somewhere = 0
     for index in range(total):
         loop, _, tracker = _sweep_loop(parallel)
         seen: list[AgentEvent] = []
@@ -643,6 +670,8 @@ async def test_task_cancel_at_every_event_index_propagates_and_cleans_up(paralle
         assert task.cancelled(), f"{where}: the cancellation was swallowed"
         assert not _pending_tasks(), where
         assert tracker.started == tracker.finished | tracker.cancelled, where
+        cancelled_somewhere += bool(tracker.cancelled)
+    assert cancelled_somewhere
 
 
 # ------------------------------------------------------------------- scripted model
@@ -711,4 +740,27 @@ async def test_scripted_turns_carry_images_through_tool_results() -> None:
     _, end = await collect(AgentLoop(model, [snap]))
     result = end.messages[2]
     assert isinstance(result, ToolResultMessage)
-    assert result.content == (TextPart(text="screen:"), ImagePart(data="aGk=", mime_type="image/png"))
+    image = ImagePart(data="aGk=", mime_type="image/png")
+    assert result.content == (TextPart(text="screen:"), image)
+
+
+async def test_check_order_rejects_broken_runs() -> None:
+    """The grammar checker itself can fail: mutate a valid run and watch it object."""
+    @tool
+    def t(n: int) -> str:
+        return str(n)
+
+    model = ScriptedModel([Turn.tool_calls(("t", {"n": 1}), ("t", {"n": 2})), Turn.text("ok")])
+    events, _ = await collect(AgentLoop(model, [t]))
+    results = [i for i, e in enumerate(events)
+               if isinstance(e, MessageStart) and isinstance(e.message, ToolResultMessage)]
+    swapped = list(events)
+    swapped[results[0] : results[0] + 2], swapped[results[1] : results[1] + 2] = (
+        events[results[1] : results[1] + 2], events[results[0] : results[0] + 2])
+    no_end = [e for e in events if not isinstance(e, ToolExecutionEnd)]
+    late_update = [*events[: results[0]], ToolExecutionUpdate("call_0_0", "t", 1),
+                   *events[results[0] :]]
+    twice = [*events[:-1], *events[1:]]
+    for broken in (swapped, no_end, late_update, twice, events[:-1], events[1:]):
+        with pytest.raises(AssertionError):
+            check_order(broken)

@@ -13,10 +13,10 @@ import os
 import random
 import signal
 import tempfile
+import time
 import unicodedata
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -31,10 +31,9 @@ from threadline.session.entries import Entry
 from threadline.session.file import session_file_name
 from threadline.testing.conformance import _process_append, check_concurrent_log
 
-# forkserver: a clean single-threaded parent forks each child in milliseconds,
-# without copying this process's threads and event loop.
+# forkserver: a clean parent forks the workers, so they do not copy this
+# process's threads and event loops.
 _CTX = multiprocessing.get_context("forkserver")
-_CTX.set_forkserver_preload(["threadline.session", "threadline.testing.conformance"])
 
 
 def _msg(text: str, parent_id: str | None = None) -> MessageEntry:
@@ -53,7 +52,7 @@ def _load_quietly(store: FileStore, session_id: str) -> list[Entry]:
 # -- kill -9 while appending ------------------------------------------------------
 
 
-def _append_until_killed(root: str, session_id: str, seed: int, conn: Connection) -> None:
+def _append_until_killed(root: str, session_id: str, seed: int, report_fd: int) -> None:
     """Child: continue the chain from the leaf, report each acknowledged batch."""
 
     async def run() -> None:
@@ -65,50 +64,61 @@ def _append_until_killed(root: str, session_id: str, seed: int, conn: Connection
             batch = []
             for _ in range(rnd.randint(1, 3)):
                 # Large entries make it likely that a kill lands mid-write.
-                size = rnd.choice((40, 400, 4000, 300_000))
+                size = rnd.choice((40, 400, 4000, 20_000))
                 entry = _msg("é" * size, parent)
                 parent = entry.id
                 batch.append(entry)
             await store.append_entries(session_id, batch)
-            conn.send_bytes(" ".join(e.id for e in batch).encode())
+            # One small write to a pipe is atomic: a report is whole or absent.
+            os.write(report_fd, (" ".join(e.id for e in batch) + "\n").encode())
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         asyncio.run(run())
 
 
-def _kill_loop(root: Path, session_id: str, rounds: int, seed: int) -> tuple[int, int]:
+def _fork_writer(root: Path, session_id: str, seed: int) -> tuple[int, int]:
+    """Fork a child running ``_append_until_killed``; return (pid, read end).
+
+    A plain fork: this test runs no other threads, and it is by far the
+    cheapest way to start 200 writers.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            os.close(read_fd)
+            _append_until_killed(str(root), session_id, seed, write_fd)
+        finally:
+            os._exit(1)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _kill_loop(root: Path, session_id: str, rounds: int, seed: int) -> int:
     rnd = random.Random(seed)
     store = FileStore(root)
     acknowledged: set[str] = set()
-    torn = 0
     for n in range(rounds):
-        reader, writer = _CTX.Pipe(duplex=False)
-        child = _CTX.Process(
-            target=_append_until_killed, args=(str(root), session_id, seed * 1000 + n, writer)
-        )
-        child.start()
-        writer.close()
-        # Wait for a first acknowledgement most of the time, so kills land
-        # both during start-up and in the middle of the append loop.
-        if rnd.random() < 0.8:
-            reader.poll(5)
-        signal_delay = rnd.uniform(0, 0.02)
-        child.join(signal_delay)
-        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        child.join()
-        assert child.exitcode == -signal.SIGKILL, f"round {n}: child failed on its own"
-        try:
-            while True:
-                acknowledged.update(reader.recv_bytes().decode().split())
-        except EOFError:
-            pass
-        reader.close()
+        pid, read_fd = _fork_writer(root, session_id, seed * 1000 + n)
+        # Kills land during start-up, mid-append and between appends.
+        time.sleep(rnd.uniform(0, 0.03))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), f"round {n}: the child exited on its own ({status})"
+        acknowledged.update(_read_all(read_fd).decode().split())
         # Every reopen loads, and holds everything that was acknowledged.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
             entries = asyncio.run(store.load_entries(session_id))
-        torn += bool(entries.diagnostics)
         assert len(caught) == len(entries.diagnostics)
         ids = [e.id for e in entries]
         assert len(ids) == len(set(ids))
@@ -116,12 +126,12 @@ def _kill_loop(root: Path, session_id: str, rounds: int, seed: int) -> tuple[int
         assert not missing, f"round {n}: {len(missing)} acknowledged entries lost"
         present = set(ids)
         assert all(e.parent_id is None or e.parent_id in present for e in entries)
-    return len(acknowledged), torn
+    return len(acknowledged)
 
 
 def test_s8_kill_9_while_appending_loses_no_acknowledged_entry(tmp_path: Path) -> None:
     asyncio.run(FileStore(tmp_path).create_session(SessionRecord(id="crash")))
-    acknowledged, _torn = _kill_loop(tmp_path, "crash", rounds=200, seed=7)
+    acknowledged = _kill_loop(tmp_path, "crash", rounds=200, seed=7)
     assert acknowledged > 100  # the children did get entries acknowledged
     # After the last crash, one more append leaves a clean file.
     store = FileStore(tmp_path)
@@ -211,7 +221,8 @@ DAMAGE = {
     "wrong_field_type": b'{"type":"message","id":"01","message":5}',
     "zeroed": b"\x00" * 32,
     "blank": b"",
-    "bad_utf8": b'{"type":"custom","id":"01","kind":"k","data":"\xff\xfe"}',
+    "bad_utf8": (b'{"type":"message","id":"01","message":{"role":"user",'
+                 b'"content":[{"type":"text","text":"\xff\xfe"}]}}'),
 }
 
 
@@ -271,7 +282,7 @@ def _variants(session_id: str) -> set[str]:
     return {v for v in out if v}
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(_IDS, min_size=1, max_size=4))
 def test_s1_session_id_fuzz_no_escape_no_collision_round_trip(ids: list[str]) -> None:

@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import pytest
-from wire_server import HANG, Reply, WireServer, json_reply, sse_data, sse_reply
 
 from threadline.ai import (
     AssistantMessage,
@@ -40,6 +39,7 @@ from threadline.errors import (
     RateLimitError,
     TransientProviderError,
 )
+from wire_server import HANG, Reply, WireServer, json_reply, sse_data, sse_reply
 
 INFO = ModelInfo(provider="openai", id="gpt-test", images=True)
 WEATHER = ToolSpec("weather", "Weather for a city", {
@@ -161,6 +161,23 @@ async def test_chat_parallel_tool_calls_assembled_from_fragments() -> None:
         "parameters": WEATHER.parameters}}]
 
 
+async def test_chat_whole_tool_calls_without_index() -> None:
+    """Some compatible servers send each call complete, in one chunk, with no index."""
+    async with WireServer() as srv:
+        srv.reply(sse_reply(sse_data([
+            chunk({"tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "weather", "arguments": '{"city": "Rome"}'}},
+                {"id": "c2", "type": "function",
+                 "function": {"name": "weather", "arguments": '{"city": "Bern"}'}}]}),
+            chunk({}, finish="stop"),
+        ])))
+        msg = final(await collect(chat(srv)))
+    assert [(c.id, c.arguments) for c in msg.tool_calls] == [
+        ("c1", {"city": "Rome"}), ("c2", {"city": "Bern"})]
+    assert msg.stop_reason == "tool_use"  # the server said "stop"
+
+
 async def test_chat_malformed_arguments_kept_as_text() -> None:
     async with WireServer() as srv:
         srv.reply(sse_reply(sse_data([
@@ -208,6 +225,15 @@ async def test_chat_mid_stream_error_keeps_partial_text() -> None:
     assert last.message.stop_reason == "error"
     assert last.message.text == "partial"
     assert "The server had an error" in (last.message.error_message or "")
+
+
+async def test_chat_stream_cut_without_finish_reason_is_transient() -> None:
+    async with WireServer() as srv:
+        srv.reply(sse_reply(sse_data([chunk({"content": "The answer is"})], done=False)))
+        last = (await collect(chat(srv)))[-1]
+    assert isinstance(last, ErrorEvent)
+    assert isinstance(last.error, TransientProviderError)
+    assert last.message.text == "The answer is"
 
 
 # --------------------------------------------------------------------------- errors

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -132,7 +133,7 @@ async def test_s4_processes_appending_to_one_session_keep_one_order(
         assert [s for s, _ in seqs] == list(range(1, len(loaded) + 1))
         assert [i for _, i in seqs] == [e.id for e in loaded]
         writer_of = {i: w for w, chain in enumerate(chains) for i in chain}
-        runs = sum(1 for a, b in zip(loaded, loaded[1:], strict=False)
+        runs = sum(1 for a, b in itertools.pairwise(loaded)
                    if writer_of[a.id] != writer_of[b.id])
         assert runs >= 1  # the writers really interleaved
 

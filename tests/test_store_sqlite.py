@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing
-import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -180,7 +178,7 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     store = SQLiteStore(blocker / "x.db")
-    with pytest.raises(StoreError, match="x.db"):
+    with pytest.raises(StoreError, match=r"x\.db"):
         await store.load_entries("s")
     await store.close()
 
@@ -210,20 +208,66 @@ async def test_s4_kill_9_writers_lose_no_acknowledged_entry(tmp_path: Path) -> N
     writers = [f"w{n}" for n in range(3)]
     for sid in writers:
         await store.create_session(SessionRecord(id=sid))
-    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), sid],
-                              stdout=subprocess.PIPE, text=True) for sid in writers]
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _APPENDER, str(path), sid, stdout=asyncio.subprocess.PIPE)
+        for sid in writers]
     acknowledged: dict[str, list[str]] = {}
     for sid, proc in zip(writers, procs, strict=True):
         assert proc.stdout is not None
-        lines = [proc.stdout.readline().strip() for _ in range(15)]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        lines += proc.stdout.read().split()  # acknowledged before the kill landed
-        acknowledged[sid] = [line for line in lines if line]
+        lines = [await proc.stdout.readline() for _ in range(15)]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        lines += (await proc.stdout.read()).split()  # acknowledged before the kill landed
+        acknowledged[sid] = [line.decode().strip() for line in lines if line.strip()]
     for sid in writers:
         stored = [e.id for e in await store.load_entries(sid)]
         # Everything acknowledged is there, in order; at most the one append in
         # flight when the kill landed may be there without an acknowledgement.
         assert stored[: len(acknowledged[sid])] == acknowledged[sid]
         assert len(stored) - len(acknowledged[sid]) <= 1
+    await store.close()
+
+
+_FILE_SIZE_LIMITED = """
+import asyncio, resource, signal, sys
+from threadline.ai.messages import UserMessage
+from threadline.errors import DurabilityError
+from threadline.session import MessageEntry, SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    # A real write failure: the kernel refuses to grow files past 200 kB (EFBIG).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+    acked = 0
+    try:
+        for _ in range(100):
+            await store.append_entries("s", [MessageEntry(message=UserMessage.of("x" * 20000))])
+            acked += 1
+    except DurabilityError as exc:
+        print(acked, type(exc.__cause__).__name__, flush=True)
+    try:
+        await store.append_entries("s", [MessageEntry(message=UserMessage.of("small"))])
+    except DurabilityError:
+        print("poisoned", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_failed_write_is_a_durability_error_that_poisons_the_handle(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "full.db"
+    store = SQLiteStore(path)
+    await store.create_session(SessionRecord(id="s"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FILE_SIZE_LIMITED, str(path), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    acked, cause, poisoned = out.decode().split()
+    assert (cause, poisoned) == ("OperationalError", "poisoned")
+    assert 0 < int(acked) < 100
+    # A fresh handle sees every acknowledged append and nothing else.
+    assert len(await store.load_entries("s")) == int(acked)
+    await store.append_entries("s", [_entry("the file can grow again")])
     await store.close()

@@ -80,7 +80,7 @@ from threadline.ai.model import (
     StreamOptions,
 )
 from threadline.ai.tools import Tool, ToolResult
-from threadline.errors import AgentError, ModelError, ToolError
+from threadline.errors import AgentError, ConfigError, ModelError, ToolError
 
 __all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny", "run"]
 
@@ -102,6 +102,7 @@ AfterToolCall: TypeAlias = Callable[
 ]
 """Called with each executed call and its result; return a ``ToolResult`` to replace it."""
 
+_FINAL = (DoneEvent, ErrorEvent)
 _ABORTED_TEXT = "Tool call aborted: the run was stopped before the tool finished."
 
 
@@ -123,6 +124,8 @@ class AgentLoop:
         temperature: float | None = None,
         reasoning_effort: ReasoningEffort | None = None,
     ) -> None:
+        if max_turns is not None and max_turns < 1:
+            raise ConfigError(f"max_turns must be at least 1 (or None), got {max_turns}")
         self.model = model
         self.system = system
         self.max_turns = max_turns
@@ -189,7 +192,7 @@ class AgentLoop:
                 stream = self.model.stream(request, options)
                 try:
                     async for event in stream:
-                        if isinstance(event, DoneEvent | ErrorEvent):
+                        if isinstance(event, _FINAL):
                             final = event.message
                             if isinstance(event, ErrorEvent):
                                 error = _stream_error(event, info)

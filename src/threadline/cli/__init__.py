@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "demo":
+        args.dir = os.path.abspath(args.dir)
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     try:

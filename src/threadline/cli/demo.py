@@ -69,7 +69,7 @@ async def _child(root: Path, session_id: str) -> None:
 
 
 async def run_demo(root: Path, console: Console) -> None:
-    root = Path(os.path.abspath(root))
+    """Run the demo in the folder ``root`` (an absolute path)."""
     store = FileStore(root)
     session_id = f"demo-{datetime.now():%Y%m%d-%H%M%S-%f}"
     published: list[LifecycleEvent] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -30,7 +31,7 @@ from threadline.durable.events import (
     StoredMessageEnd,
 )
 from threadline.durable.repair import orphaned_results
-from threadline.errors import AgentError, NoLoopError, SessionNotFound
+from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
 from threadline.session.codec import rechain_opaque
 from threadline.session.context import build_context
 from threadline.session.entries import (
@@ -89,9 +90,13 @@ async def open(
     try:
         entries = await store.load_entries(session_id)
     except SessionNotFound:
-        await store.create_session(SessionRecord(id=session_id, created_at=utcnow()))
-        entries = []
-        created = True
+        try:
+            await store.create_session(SessionRecord(id=session_id, created_at=utcnow()))
+            entries = []
+            created = True
+        except SessionExists:
+            # Another agent created it between our load and our create: resume it.
+            entries = await store.load_entries(session_id)
     agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
                          publisher=publisher)
     if repair:
@@ -119,7 +124,9 @@ class DurableAgent:
         self._tree = TreeIndex(entries, session_id=session_id)
         self._publisher = publisher
         self._lock = asyncio.Lock()
-        self._running = False
+        self._run_task: asyncio.Task[Any] | None = None
+        """The task iterating the current run, if one is in progress."""
+        self._run_owner: weakref.ref[Run] | None = None
         self.repaired: tuple[Entry, ...] = ()
         """Entries crash repair appended when this agent was opened."""
         self.diagnostics: tuple[str, ...] = tuple(getattr(entries, "diagnostics", ()))
@@ -182,6 +189,7 @@ class DurableAgent:
         Entries keep their type and payload; their id, parent and timestamp
         are assigned here. Returns the entries as stored.
         """
+        self._check_not_inside_run("append")
         async with self._lock:
             written = await self._append(items)
         return written
@@ -192,9 +200,11 @@ class DurableAgent:
         ``None`` makes the next append a new root. Nothing is written: the
         branch exists once something is appended to it.
         """
-        if self._running:
+        if self._run_task is not None:
             raise AgentError(
-                f"cannot branch session {self._session_id!r} while a run is in progress"
+                f"cannot branch session {self._session_id!r} while a run is in progress "
+                "(a run left with break is closed by the event loop soon after; iterate it "
+                "in 'async with agent.run(...)' to have it closed when the block exits)"
             )
         before = self._tree.leaf_id
         self._tree.set_leaf(entry_id)
@@ -212,6 +222,7 @@ class DurableAgent:
         event is published (a child record may exist without entries).
         """
         child_id = session_id or new_id()
+        self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
             await self._store.create_session(
@@ -254,6 +265,7 @@ class DurableAgent:
             )
         entry = CompactionEntry(summary=summary, first_kept_entry_id=first_kept_entry_id,
                                 tokens_before=tokens_before, details=details)
+        self._check_not_inside_run("compact")
         async with self._lock:
             (stored,) = await self._append([entry])
         assert isinstance(stored, CompactionEntry)
@@ -269,6 +281,13 @@ class DurableAgent:
         fails, the event is not forwarded, the loop is cancelled and the error
         is raised to the consumer. Stopping early (``break``, ``aclose``, task
         cancellation) aborts the loop and stores what it ended with.
+
+        The run holds the session until it ends: ``append``, ``fork`` and
+        ``compact`` from other tasks wait for it, and from the task iterating
+        the run (inside the ``async for``) they raise ``AgentError`` rather
+        than wait for themselves. After ``break`` the event loop closes the
+        abandoned run; a later mutation waits for that. If you keep the
+        ``Run`` object, close it (``aclose`` or ``async with``) first.
         """
         if self._factory is None:
             raise NoLoopError(
@@ -276,7 +295,8 @@ class DurableAgent:
                 "agent loop to run; pass durable.model(...) or another factory to open()"
             )
         messages = _as_messages(input)
-        return Run(self._run(self._factory, messages))
+        factory = self._factory
+        return Run(lambda owner: self._run(factory, messages, owner))
 
     # -- internals -------------------------------------------------------------
 
@@ -304,6 +324,19 @@ class DurableAgent:
         self._add(batch)
         return batch
 
+    def _check_not_inside_run(self, verb: str) -> None:
+        # The run holds the lock while its consumer handles an event; a
+        # mutation from that consumer would wait for itself forever. A run
+        # left by ``break`` (its ``Run`` object gone) is being closed by the
+        # event loop, so waiting for it is fine.
+        owner = self._run_owner() if self._run_owner is not None else None
+        if owner is not None and self._run_task is asyncio.current_task():
+            raise AgentError(
+                f"cannot {verb} session {self._session_id!r} from inside its own run: the "
+                "run holds the session until it ends; leave the loop first (or use another "
+                "task, which waits for the run)"
+            )
+
     def _add(self, batch: Sequence[Entry]) -> None:
         for entry in batch:
             self._tree.add(entry)
@@ -317,10 +350,11 @@ class DurableAgent:
                      self._session_id, len(results))
 
     async def _run(
-        self, factory: Factory, input: list[Message]
+        self, factory: Factory, input: list[Message], owner: weakref.ref[Run]
     ) -> AsyncGenerator[RunEvent, None]:
         async with self._lock:
-            self._running = True
+            self._run_task = asyncio.current_task()
+            self._run_owner = owner
             try:
                 context = build_context(self._tree.path())
                 input_entries = await self._append(input)
@@ -338,7 +372,8 @@ class DurableAgent:
                 finally:
                     await pump.detach()
             finally:
-                self._running = False
+                self._run_task = self._run_owner = None
+
     def _publish(self, events: list[LifecycleEvent], result: Any) -> None:
         publisher = self._publisher
         if publisher is None:
@@ -390,7 +425,17 @@ class _Pump:
         self._abort.set()
         while not self._queue.empty():  # unblock a put waiting for the consumer
             self._queue.get_nowait()
-        await asyncio.shield(self._task)
+        # Keep the session until the tail is stored, even through repeated
+        # cancellation: releasing it early would let the next mutation
+        # interleave with the tail.
+        cancelled = False
+        while not self._task.done():
+            try:
+                await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
         events: AsyncIterator[AgentEvent] | None = None
@@ -439,10 +484,12 @@ class Run:
     even if you stop early.
     """
 
-    __slots__ = ("_gen",)
+    __slots__ = ("__weakref__", "_gen")
 
-    def __init__(self, gen: AsyncGenerator[RunEvent, None]) -> None:
-        self._gen = gen
+    def __init__(
+        self, start: Callable[[weakref.ref[Run]], AsyncGenerator[RunEvent, None]]
+    ) -> None:
+        self._gen = start(weakref.ref(self))
 
     def __aiter__(self) -> Run:
         return self

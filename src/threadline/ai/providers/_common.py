@@ -200,27 +200,40 @@ class SDKStream(Protocol):
     async def close(self) -> None: ...
 
 
-async def _race(aw: Awaitable[Any], abort: asyncio.Event | None) -> Any:
-    """Await ``aw`` unless ``abort`` fires first; then cancel it and raise _Aborted."""
-    if abort is None:
-        return await aw
-    task = asyncio.ensure_future(aw)
-    if abort.is_set():
-        task.cancel()
-    else:
-        waiter = asyncio.ensure_future(abort.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not task.done():
-                task.cancel()
-    if task.cancelled() or not task.done():
-        # Let the cancelled read unwind (the SDK closes its response there).
-        with contextlib.suppress(BaseException):
-            await task
-        raise _Aborted
-    return task.result()
+class _AbortRace:
+    """Awaits SDK calls unless ``abort`` fires first; then cancels the call and raises _Aborted.
+
+    One waiter on the event serves the whole stream.
+    """
+
+    def __init__(self, abort: asyncio.Event | None) -> None:
+        self.abort = abort
+        self.waiter: asyncio.Future[Any] | None = None
+
+    async def __call__(self, aw: Awaitable[Any]) -> Any:
+        if self.abort is None:
+            return await aw
+        task = asyncio.ensure_future(aw)
+        if self.abort.is_set():
+            task.cancel()
+        else:
+            if self.waiter is None:
+                self.waiter = asyncio.ensure_future(self.abort.wait())
+            try:
+                await asyncio.wait((task, self.waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not task.done():
+                    task.cancel()
+        if task.cancelled() or not task.done():
+            # Let the cancelled read unwind (the SDK closes its response there).
+            with contextlib.suppress(BaseException):
+                await task
+            raise _Aborted
+        return task.result()
+
+    def close(self) -> None:
+        if self.waiter is not None:
+            self.waiter.cancel()
 
 
 async def drive(
@@ -240,11 +253,12 @@ async def drive(
     """
     yield builder.start()
     sdk: SDKStream | None = None
+    race = _AbortRace(abort)
     try:
-        sdk = await _race(open_stream(), abort)
+        sdk = await race(open_stream())
         while True:
             try:
-                chunk = await _race(sdk.__anext__(), abort)
+                chunk = await race(sdk.__anext__())
             except StopAsyncIteration:
                 break
             for event in handle(chunk):
@@ -258,6 +272,7 @@ async def drive(
     except Exception as exc:
         yield builder.failed(translate(exc))
     finally:
+        race.close()
         if sdk is not None:
             with contextlib.suppress(Exception):
                 await sdk.close()
@@ -311,13 +326,15 @@ def classify(
     text = f"{where}: {message}"
     args: dict[str, Any] = {"provider": info.provider, "model": info.id, "status_code": status}
     labels = {code, kind} - {None}
-    if status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message):
-        return ContextOverflowError(text, **args)
     if status in (401, 403) or labels & _AUTH_TYPES:
         return AuthenticationError(text, **args)
-    if "insufficient_quota" in labels:
+    if "insufficient_quota" in labels:  # a 429 that waiting does not cure
         return ModelError(text, **args)
-    if status == 429 or labels & _RATE_TYPES:
+    if status == 429:
+        return RateLimitError(text, retry_after=retry_after(headers), **args)
+    if status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message):
+        return ContextOverflowError(text, **args)
+    if labels & _RATE_TYPES:
         return RateLimitError(text, retry_after=retry_after(headers), **args)
     if (status is not None and (status >= 500 or status == 408)) or labels & _TRANSIENT_TYPES:
         return TransientProviderError(text, **args)

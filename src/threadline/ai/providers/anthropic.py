@@ -128,11 +128,13 @@ class AnthropicModel:
             # The budget counts toward max_tokens and must stay below it.
             max_tokens = max(max_tokens, budget + 1024)
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        elif options.temperature is not None:
-            body["temperature"] = options.temperature  # not allowed together with thinking
         body["max_tokens"] = max_tokens
-        if options.extra:
-            body["extra_body"] = dict(options.extra)
+        extra = dict(options.extra)
+        if options.temperature is not None and "thinking" not in body:
+            # Not allowed together with thinking; and the SDK no longer names it.
+            extra.setdefault("temperature", options.temperature)
+        if extra:
+            body["extra_body"] = extra
         return body
 
     def _translate(self, exc: Exception) -> ModelError:

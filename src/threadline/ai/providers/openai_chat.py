@@ -39,7 +39,7 @@ from threadline.ai.providers._common import (
     same_model,
     thinking_as_text,
 )
-from threadline.errors import ConfigError, ModelError
+from threadline.errors import ConfigError, ModelError, TransientProviderError
 
 try:
     import httpx2
@@ -203,18 +203,22 @@ class _State:
         return events
 
     def _tool_delta(self, tc: Any, events: list[StreamEvent]) -> None:
-        fn = tc.function
-        block = self.tools.get(tc.index)
+        fn = getattr(tc, "function", None)
+        call_id = getattr(tc, "id", None)
+        key = getattr(tc, "index", None)
+        if key is None:  # some servers omit the index: a new id starts a new call
+            key = len(self.tools) - (0 if call_id or not self.tools else 1)
+        block = self.tools.get(key)
         if block is None:
             self._switch(events)
-            block, start = self.b.open_tool(tc.id or f"call_{tc.index}", (fn and fn.name) or "")
-            self.tools[tc.index] = block
+            block, start = self.b.open_tool(call_id or f"call_{key}", (fn and fn.name) or "")
+            self.tools[key] = block
             self.current = block
             events.append(start)
         elif not self.b.is_open(block):
             raise ModelError(
                 f"{self.b.info.provider}:{self.b.info.id}: the server interleaved tool-call "
-                f"fragments (call {tc.index} resumed after another began)",
+                f"fragments (call {key} resumed after another began)",
                 provider=self.b.info.provider, model=self.b.info.id,
             )
         if fn is not None and fn.arguments:
@@ -222,11 +226,18 @@ class _State:
 
     def finish(self) -> list[StreamEvent]:
         reason = self.finish_reason
+        info = self.b.info
+        if reason is None:
+            # Every server we know ends a choice with a reason; without one the
+            # answer was cut off and must not pass for a complete one.
+            raise TransientProviderError(
+                f"{info.provider}:{info.id}: the stream ended without a finish reason",
+                provider=info.provider, model=info.id)
         if reason == "content_filter":
             raise ModelError(
                 f"{self.b.info.provider}:{self.b.info.id}: the response was stopped by a "
                 "content filter", provider=self.b.info.provider, model=self.b.info.id)
-        self.b.stop_reason = _FINISH.get(reason or "stop", "stop")
+        self.b.stop_reason = _FINISH.get(reason, "stop")
         return self.b.done()
 
 

@@ -38,7 +38,7 @@ from threadline.ai.providers._common import (
     thinking_as_text,
 )
 from threadline.ai.providers.openai_chat import translate_openai_error
-from threadline.errors import ConfigError, ModelError
+from threadline.errors import ConfigError, ModelError, TransientProviderError
 
 try:
     import openai
@@ -212,7 +212,7 @@ class _State:
         response = self.final
         b = self.b
         if response is None:
-            raise ModelError(
+            raise TransientProviderError(
                 f"{b.info.provider}:{b.info.id}: the stream ended before the response completed",
                 provider=b.info.provider, model=b.info.id)
         if response.usage is not None:

@@ -1,0 +1,336 @@
+"""Load test of the durable stores: SQLite, PostgreSQL and the JSONL file store.
+
+8 processes x 50 sessions x 100 appends (one entry per append, chained) per
+store, all processes released together. Reports appends/s, p50/p99 append
+latency, and verifies afterwards that every acknowledged entry is stored, in
+order. Each store is set against its floor, measured in the same processes,
+interleaved with the appends (one round of floor writes after every 5 rounds
+of appends), so both see the same load from the other processes and from
+whatever else the machine is doing:
+
+- PostgreSQL: a bare single-row INSERT committed on the same connection
+  (autocommit: one round trip, one WAL flush);
+- SQLite: a bare INSERT + COMMIT on a connection with the same pragmas
+  (WAL, synchronous=FULL), no executor hop;
+- file: write() of the same line + fdatasync() on a per-session file.
+
+A second, small table compares ``bytea`` and ``jsonb`` for the entries column
+(bytes on disk, load time, byte-identical round trip), the measurement behind
+the PostgresStore's column type.
+
+    .venv/bin/python bench/sql_stores.py [--processes 8 --sessions 50 --appends 100]
+
+appends/s sums each process's appends over the time it spent in them (floor
+writes in between excluded); the floor's rate is computed the same way.
+
+Writes ``bench/results/sql_stores.json``. Needs the PostgreSQL server of
+``THREADLINE_TEST_PG_URL`` (default postgresql://postgres@127.0.0.1:5432/test);
+it works in a scratch schema that it drops afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import secrets
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psycopg
+
+from threadline.ai.messages import AssistantMessage, TextPart, ToolCall, UserMessage
+from threadline.session import (
+    FileStore,
+    MessageEntry,
+    PostgresStore,
+    SessionRecord,
+    SQLiteStore,
+    Store,
+)
+from threadline.session.codec import encode_entry
+
+PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+RESULTS = Path(__file__).parent / "results" / "sql_stores.json"
+
+
+def _entry(parent: str | None, worker: int, n: int) -> MessageEntry:
+    text = f"worker {worker} turn {n}: " + "some ordinary sentence of chat. " * 6
+    return MessageEntry(parent_id=parent, message=UserMessage.of(text))
+
+
+def _open(kind: str, target: str, schema: str) -> Store:
+    if kind == "sqlite":
+        return SQLiteStore(target)
+    if kind == "postgres":
+        return PostgresStore(target, schema=schema, min_size=1, max_size=1)
+    return FileStore(target)
+
+
+def _floor_op(kind: str, target: str, schema: str, sids: list[str],
+              line: bytes) -> Callable[[str, int], None]:
+    """One bare durable write of ``line``, the way the backend does it at its cheapest."""
+    if kind == "postgres":
+        conn = psycopg.connect(target, autocommit=True)
+        query = f"INSERT INTO {schema}.floor (session_id, seq, data) VALUES (%s, %s, %s)"
+
+        def pg(sid: str, n: int) -> None:
+            conn.execute(query, (sid, n, line))
+
+        return pg
+    if kind == "sqlite":
+        conn3 = sqlite3.connect(target, timeout=30, isolation_level=None)
+        conn3.execute("PRAGMA journal_mode=WAL")
+        conn3.execute("PRAGMA synchronous=FULL")
+
+        def lite(sid: str, n: int) -> None:
+            conn3.execute("BEGIN IMMEDIATE")
+            conn3.execute("INSERT INTO floor (session_id, seq, data) VALUES (?, ?, ?)",
+                          (sid, n, line))
+            conn3.execute("COMMIT")
+
+        return lite
+    fds = {sid: os.open(os.path.join(target, f"floor-{sid}.jsonl"),
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for sid in sids}
+
+    def file(sid: str, n: int) -> None:
+        os.write(fds[sid], line + b"\n")
+        os.fdatasync(fds[sid])
+
+    return file
+
+
+def _worker(job: dict[str, Any], worker: int, barrier: Any, out: Any) -> None:
+    """Append ``appends`` rounds over this worker's sessions; every ``floor_every``
+    rounds, also one round of floor writes, so store and floor see the same load."""
+    kind, target, schema = job["kind"], job["target"], job["schema"]
+    sids = [f"w{worker}-s{s}" for s in range(job["sessions"])]
+
+    async def run() -> None:
+        store = _open(kind, target, schema)
+        for sid in sids:
+            await store.create_session(SessionRecord(id=sid))
+        floor = _floor_op(kind, target, schema, sids, encode_entry(_entry(None, worker, 0)))
+        parents: dict[str, str | None] = dict.fromkeys(sids)
+        acked: dict[str, list[str]] = {sid: [] for sid in sids}
+        lat: list[int] = []
+        floor_lat: list[int] = []
+        await asyncio.to_thread(barrier.wait)
+        start = time.time()
+        for n in range(job["appends"]):
+            for sid in sids:
+                entry = _entry(parents[sid], worker, n)
+                t0 = time.perf_counter_ns()
+                await store.append_entries(sid, [entry])
+                lat.append(time.perf_counter_ns() - t0)
+                parents[sid] = entry.id
+                acked[sid].append(entry.id)
+            if n % job["floor_every"] == 0:
+                for sid in sids:
+                    t0 = time.perf_counter_ns()
+                    floor(sid, n)
+                    floor_lat.append(time.perf_counter_ns() - t0)
+        end = time.time()
+        await store.close()  # type: ignore[attr-defined]
+        out.put({"start": start, "end": end, "lat": lat, "floor_lat": floor_lat,
+                 "acked": acked})
+
+    asyncio.run(run())
+
+
+def _stats(per_worker: list[list[int]]) -> dict[str, Any]:
+    lat = sorted(x for w in per_worker for x in w)
+    # Closed-loop workers: each one's rate is its ops over the time it spent on
+    # them; the store's rate is their sum (floor writes in between do not count).
+    rate = sum(len(w) / (sum(w) / 1e9) for w in per_worker if w)
+    return {
+        "ops": len(lat),
+        "ops_per_s": rate,
+        "p50_us": lat[len(lat) // 2] / 1000,
+        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000,
+        "mean_us": statistics.fmean(lat) / 1000,
+    }
+
+
+def _run(job: dict[str, Any], processes: int) -> tuple[dict[str, Any], dict[str, Any],
+                                                      dict[str, list[str]], float]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(job, w, barrier, out)) for w in range(processes)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=900) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit(f"{job['kind']} worker failed with exit code {p.exitcode}")
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    acked: dict[str, list[str]] = {}
+    for r in results:
+        acked.update(r["acked"])
+    return (_stats([r["lat"] for r in results]), _stats([r["floor_lat"] for r in results]),
+            acked, wall)
+
+
+async def _verify(kind: str, target: str, schema: str, acked: dict[str, list[str]]) -> int:
+    """Acknowledged entries missing or out of order after the run (must be 0)."""
+    store = _open(kind, target, schema)
+    lost = 0
+    for sid, ids in acked.items():
+        stored = [e.id for e in await store.load_entries(sid)]
+        if stored != ids:
+            lost += len(set(ids) - set(stored)) or 1
+    await store.close()  # type: ignore[attr-defined]
+    return lost
+
+
+def _prepare_floor(kind: str, target: str, schema: str) -> None:
+    if kind == "postgres":
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {schema}.floor (session_id text, seq bigint, "
+                         f"data bytea NOT NULL, PRIMARY KEY (session_id, seq))")
+    elif kind == "sqlite":
+        with sqlite3.connect(target) as conn:
+            conn.execute("CREATE TABLE floor (session_id TEXT, seq INTEGER, data BLOB NOT NULL, "
+                         "PRIMARY KEY (session_id, seq)) WITHOUT ROWID")
+
+
+_decode = msgspec.json.Decoder().decode
+
+
+def storage_format(schema: str, rows: int = 3000) -> dict[str, Any]:
+    """bytea vs jsonb vs text for the entries column: size, load time, fidelity."""
+    entries = []
+    parent = None
+    for n in range(rows):
+        msg: Any = (UserMessage.of(f"question {n} " + "words " * (n % 40)) if n % 2 == 0 else
+                    AssistantMessage(content=(TextPart(text="answer " * (n % 60)), ToolCall(
+                        id=f"c{n}", name="search", arguments={"q": "x" * (n % 30), "k": n}))))
+        e = MessageEntry(parent_id=parent, message=msg)
+        parent = e.id
+        entries.append(encode_entry(e))
+    out: dict[str, Any] = {"rows": rows, "payload_bytes": sum(map(len, entries))}
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        for col in ("bytea", "jsonb", "text"):
+            table = f"{schema}.fmt_{col}"
+            conn.execute(f"CREATE TABLE {table} (session_id text, seq bigint, data {col}, "
+                         f"PRIMARY KEY (session_id, seq))")
+            values = [(n, e if col == "bytea" else e.decode()) for n, e in enumerate(entries)]
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {table} VALUES ('s', %s, %s)", values)
+            conn.execute(f"VACUUM ANALYZE {table}")
+            size = conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()
+            best = float("inf")
+            loaded: list[bytes] = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                # jsonb comes back as its text form (not parsed by the driver),
+                # as a store reading it for msgspec would fetch it.
+                expr = "data::text" if col == "jsonb" else "data"
+                cur = conn.execute(f"SELECT {expr} FROM {table} WHERE session_id = 's' "
+                                   f"ORDER BY seq", binary=(col == "bytea"))
+                loaded = [g if isinstance(g, bytes) else g.encode() for (g,) in cur.fetchall()]
+                for line in loaded:
+                    _decode(line)
+                best = min(best, time.perf_counter() - t0)
+            out[col] = {"table_bytes": size[0] if size else 0, "load_ms": best * 1000,
+                        "byte_identical": loaded == entries}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--processes", type=int, default=8)
+    ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--appends", type=int, default=100)
+    ap.add_argument("--floor-every", type=int, default=5,
+                    help="one round of floor writes after every N rounds of appends")
+    args = ap.parse_args()
+
+    schema = f"tl_bench_{secrets.token_hex(4)}"
+    work = Path(tempfile.mkdtemp(prefix="tl-bench-", dir=os.environ.get("BENCH_DIR")))
+    results: dict[str, Any] = {
+        "processes": args.processes, "sessions_per_process": args.sessions,
+        "appends_per_session": args.appends, "floor_every": args.floor_every,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "sqlite": sqlite3.sqlite_version, "platform": platform.platform()},
+        "stores": {},
+    }
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+            results["machine"]["postgres"] = conn.info.server_version
+        targets = {
+            "sqlite": str(work / "bench.db"),
+            "postgres": PG_URL,
+            "file": str(work / "files"),
+        }
+        for kind, target in targets.items():
+            if kind == "file":
+                os.makedirs(target, exist_ok=True)
+            print(f"{kind}: {args.processes} x {args.sessions} x {args.appends} appends ...",
+                  flush=True)
+            _prepare_floor(kind, target, schema)
+            job = {"kind": kind, "target": target, "schema": schema,
+                   "sessions": args.sessions, "appends": args.appends,
+                   "floor_every": args.floor_every}
+            store, floor, acked, wall = _run(job, args.processes)
+            store["lost"] = asyncio.run(_verify(kind, target, schema, acked))
+            store["expected_entries"] = sum(map(len, acked.values()))
+            results["stores"][kind] = {
+                "store": store, "floor": floor, "wall_s": wall,
+                "p50_vs_floor": store["p50_us"] / floor["p50_us"],
+                "throughput_vs_floor": store["ops_per_s"] / floor["ops_per_s"],
+            }
+        print("storage format ...", flush=True)
+        results["postgres_entry_column"] = storage_format(schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        shutil.rmtree(work, ignore_errors=True)
+
+    _print(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {RESULTS}")
+    if any(s["store"]["lost"] for s in results["stores"].values()):
+        raise SystemExit("acknowledged entries were lost")
+
+
+def _print(r: dict[str, Any]) -> None:
+    print(f"\n{r['processes']} processes x {r['sessions_per_process']} sessions x "
+          f"{r['appends_per_session']} appends, one entry per append\n")
+    head = (f"{'store':9} {'appends/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} | "
+            f"{'floor/s':>9} {'floor p50':>9} {'floor p99':>9} | {'p50 x floor':>11} "
+            f"{'rate vs floor':>13}")
+    print(head)
+    print("-" * len(head))
+    for kind, s in r["stores"].items():
+        st, fl = s["store"], s["floor"]
+        print(f"{kind:9} {st['ops_per_s']:>10,.0f} {st['p50_us'] / 1000:>8.2f} "
+              f"{st['p99_us'] / 1000:>8.2f} {st['lost']:>5} | {fl['ops_per_s']:>9,.0f} "
+              f"{fl['p50_us'] / 1000:>9.2f} {fl['p99_us'] / 1000:>9.2f} | "
+              f"{s['p50_vs_floor']:>11.2f} {s['throughput_vs_floor']:>13.2f}")
+    f = r["postgres_entry_column"]
+    print(f"\nPostgreSQL entry column, {f['rows']} entries ({f['payload_bytes']:,} bytes of "
+          f"JSON), one session:")
+    print(f"{'type':6} {'table+index bytes':>18} {'load ms':>8} {'byte-identical':>15}")
+    for col in ("bytea", "text", "jsonb"):
+        c = f[col]
+        print(f"{col:6} {c['table_bytes']:>18,} {c['load_ms']:>8.2f} "
+              f"{c['byte_identical']!s:>15}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""FileStore benchmark: every figure next to a floor measured in the same run.
+
+    .venv/bin/python bench/store.py            # full run (about a minute)
+    .venv/bin/python bench/store.py --quick    # smaller, for a smoke test
+
+Prints a table and writes bench/results/store.json.
+
+- append: ``FileStore.append_entries`` (one ~600-byte message, fsync
+  durability) against a bare ``os.write`` + ``os.fdatasync`` of the same bytes
+  on a file of the same size, interleaved so both see the same disk. Measured
+  at N=100 and N=10,000 entries already in the session. Also shown: the same
+  append without the ``asyncio.to_thread`` hop.
+- open: ``FileStore.load_entries`` of a 100,000-entry session of realistic
+  messages against reading the file and decoding every line with msgspec
+  (``Decoder.decode_lines``, same types) with the garbage collector paused.
+- memory: peak and retained Python allocations (tracemalloc) of the load,
+  against the file size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from threadline.ai.messages import (
+    AssistantMessage,
+    Message,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+from threadline.session import FileStore, MessageEntry, SessionRecord
+from threadline.session.codec import _WireEntry, encode_entries
+
+RESULTS = Path(__file__).parent / "results" / "store.json"
+WORDS = [
+    "the", "of", "and", "to", "in", "is", "it", "you", "that", "was", "for", "on", "are",
+    "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by",
+    "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when",
+    "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time",
+    "if", "will", "way", "about", "many",
+]
+
+
+def realistic_entries(n: int, seed: int = 1) -> list[MessageEntry]:
+    """A chain of user / assistant-with-tool-call / tool-result messages."""
+    rnd = random.Random(seed)
+
+    def text(words: int) -> str:
+        return " ".join(rnd.choice(WORDS) for _ in range(words))
+
+    out: list[MessageEntry] = []
+    parent: str | None = None
+    for i in range(n):
+        message: Message
+        if i % 3 == 0:
+            message = UserMessage.of(text(rnd.randint(20, 90)))
+        elif i % 3 == 1:
+            message = AssistantMessage(
+                content=(
+                    ThinkingPart(thinking=text(25), signature="s" * 48),
+                    TextPart(text=text(50)),
+                    ToolCall(id=f"call_{i}", name="read_file",
+                             arguments={"path": f"src/module_{i}.py", "limit": 200}),
+                ),
+                model="model-x", provider="openai", usage=Usage(input_tokens=900 + i,
+                                                                output_tokens=120),
+                stop_reason="tool_use",
+            )
+        else:
+            message = ToolResultMessage(tool_call_id=f"call_{i - 1}", tool_name="read_file",
+                                        content=(TextPart(text=text(rnd.randint(60, 150))),))
+        entry = MessageEntry(parent_id=parent, message=message)
+        parent = entry.id
+        out.append(entry)
+    return out
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def bench_append(root: Path, preload: int, samples: int) -> dict[str, Any]:
+    store = FileStore(root / f"n{preload}")
+    sid = f"append-{preload}"
+    asyncio.run(store.create_session(SessionRecord(id=sid)))
+    existing = realistic_entries(preload, seed=preload)
+    asyncio.run(store.append_entries(sid, existing))
+    # The floor appends to a copy of the same file.
+    floor_path = root / f"floor-{preload}.jsonl"
+    floor_path.write_bytes(store.path_for(sid).read_bytes())
+    floor_fd = os.open(floor_path, os.O_WRONLY | os.O_APPEND)
+    new = realistic_entries(samples * 2, seed=99)
+    parent = existing[-1].id
+    store_s: list[float] = []
+    direct_s: list[float] = []
+    floor_s: list[float] = []
+
+    async def run() -> None:
+        nonlocal parent
+        for k in range(samples):
+            # Interleaved so the three see the same disk and machine load.
+            entry = msgspec.structs.replace(new[2 * k], parent_id=parent)
+            t0 = time.perf_counter()
+            await store.append_entries(sid, [entry])
+            store_s.append(time.perf_counter() - t0)
+            data = encode_entries([entry])
+            t0 = time.perf_counter()
+            os.write(floor_fd, data)
+            os.fdatasync(floor_fd)
+            floor_s.append(time.perf_counter() - t0)
+            entry2 = msgspec.structs.replace(new[2 * k + 1], parent_id=entry.id)
+            t0 = time.perf_counter()
+            store._append(sid, [entry2])
+            direct_s.append(time.perf_counter() - t0)
+            parent = entry2.id
+
+    asyncio.run(run())
+    os.close(floor_fd)
+    out = {
+        "entries_before": preload,
+        "samples": samples,
+        "store_p50_ms": pct(store_s, 0.5) * 1e3,
+        "store_p99_ms": pct(store_s, 0.99) * 1e3,
+        "no_thread_p50_ms": pct(direct_s, 0.5) * 1e3,
+        "no_thread_p99_ms": pct(direct_s, 0.99) * 1e3,
+        "floor_p50_ms": pct(floor_s, 0.5) * 1e3,
+        "floor_p99_ms": pct(floor_s, 0.99) * 1e3,
+    }
+    out["p50_ratio"] = out["store_p50_ms"] / out["floor_p50_ms"]
+    out["p99_ratio"] = out["store_p99_ms"] / out["floor_p99_ms"]
+    return out
+
+
+def bench_open(root: Path, n: int, repeats: int) -> dict[str, Any]:
+    store = FileStore(root / "open", durability="flush")
+    sid = "open-bench"
+    asyncio.run(store.create_session(SessionRecord(id=sid)))
+    entries = realistic_entries(n)
+    for start in range(0, n, 10_000):
+        asyncio.run(store.append_entries(sid, entries[start:start + 10_000]))
+    path = store.path_for(sid)
+    size = path.stat().st_size
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
+
+    def floor() -> int:
+        gc.disable()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            body = memoryview(data)[data.index(b"\n") + 1:]
+            return len(decoder.decode_lines(body))
+        finally:
+            gc.enable()
+
+    async def timed() -> tuple[list[float], list[float]]:
+        # One event loop for every run, as in an application: the figure is
+        # the load (thread hop included), not loop start-up.
+        store_t: list[float] = []
+        floor_t: list[float] = []
+        for _ in range(repeats):
+            gc.collect()
+            t0 = time.perf_counter()
+            count = floor()
+            floor_t.append(time.perf_counter() - t0)
+            assert count == n, count
+            gc.collect()
+            t0 = time.perf_counter()
+            count = len(await store.load_entries(sid))
+            store_t.append(time.perf_counter() - t0)
+            assert count == n, count
+        return store_t, floor_t
+
+    store_t, floor_t = asyncio.run(timed())
+
+    gc.collect()
+    tracemalloc.start()
+    log = asyncio.run(store.load_entries(sid))
+    retained, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(log) == n
+    del log
+    return {
+        "entries": n,
+        "file_mb": size / 1e6,
+        "store_ms": min(store_t) * 1e3,
+        "store_median_ms": statistics.median(store_t) * 1e3,
+        "floor_ms": min(floor_t) * 1e3,
+        "floor_median_ms": statistics.median(floor_t) * 1e3,
+        "ratio": min(store_t) / min(floor_t),
+        "peak_mb": peak / 1e6,
+        "retained_mb": retained / 1e6,
+        "peak_to_file": peak / size,
+        "retained_to_file": retained / size,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dir", help="directory for the files (default: a temp dir)")
+    args = parser.parse_args()
+    samples, big, repeats = (50, 10_000, 2) if args.quick else (300, 100_000, 5)
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        appends = [bench_append(root, n, samples) for n in (100, 10_000)]
+        opened = bench_open(root, big, repeats)
+
+    machine = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "msgspec": msgspec.__version__,
+        "dir": args.dir or tempfile.gettempdir(),
+    }
+    print(f"FileStore benchmark  ({machine['platform']}, Python {machine['python']}, "
+          f"{machine['cpu_count']} CPUs)\n")
+    print(f"{'append (1 entry, fsync)':32} {'store p50/p99 ms':>18} {'floor p50/p99 ms':>18} "
+          f"{'ratio p50/p99':>14} {'no to_thread p50':>17}")
+    for a in appends:
+        print(f"{'N=' + format(a['entries_before'], ','):32} "
+              f"{a['store_p50_ms']:8.3f}/{a['store_p99_ms']:<9.3f} "
+              f"{a['floor_p50_ms']:8.3f}/{a['floor_p99_ms']:<9.3f} "
+              f"{a['p50_ratio']:6.2f}/{a['p99_ratio']:<7.2f} {a['no_thread_p50_ms']:14.3f} ms")
+    o = opened
+    print(f"\nopen {o['entries']:,} entries ({o['file_mb']:.1f} MB): store {o['store_ms']:.0f} ms, "
+          f"floor {o['floor_ms']:.0f} ms, ratio {o['ratio']:.2f}")
+    print(f"memory of the loaded session: peak {o['peak_mb']:.0f} MB "
+          f"({o['peak_to_file']:.2f}x file), retained {o['retained_mb']:.0f} MB "
+          f"({o['retained_to_file']:.2f}x file)")
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"machine": machine, "append": appends, "open": opened},
+                                  indent=2) + "\n")
+    print(f"\nwrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
