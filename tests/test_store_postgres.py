@@ -263,3 +263,20 @@ async def test_bad_arguments(pg_url: str, pg_schema: str) -> None:
     async with PostgresStore(pg_url, schema=pg_schema) as store:
         with pytest.raises(InvalidSessionId):
             await store.create_session(SessionRecord(id="nul\x00id"))
+
+
+async def test_closed_store_refuses_work_and_keeps_its_pool_closed(
+    pg_url: str, pg_schema: str
+) -> None:
+    store = PostgresStore(pg_url, schema=pg_schema)
+    await store.create_session(SessionRecord(id="s"))
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.load_entries("s")
+    assert store.pool.closed
+    never_used = PostgresStore(pg_url, schema=pg_schema)
+    await never_used.close()
+    with pytest.raises(StoreError, match="closed"):
+        await never_used.load_entries("s")
+    assert never_used.pool.closed

@@ -447,6 +447,12 @@ async def test_what_the_child_leaves_in_its_process_group_is_killed(tmp_path: Pa
     assert end.error is None
     assert_gone(pid_of(pidfile))  # the sleep was in its group
 
+    # The sleep holds the child's stdout, yet its exit is noticed and reported.
+    factory, pidfile = replay(tmp_path, STREAM_START, spawn=["sleep", "60"], exit=1)
+    _, end = await run_loop(factory)
+    assert "exited with status 1 before reporting agent_end" in error_of(end)
+    assert_gone(pid_of(pidfile))
+
 
 # --------------------------------------------------------------------------- failures
 

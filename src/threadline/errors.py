@@ -30,6 +30,8 @@ errors) are translated where they cross into threadline and chained with
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AgentError",
     "AuthenticationError",
@@ -55,6 +57,21 @@ __all__ = [
 
 class ThreadlineError(Exception):
     """Root of every error threadline raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses build their message from keyword arguments, so the default
+        # pickling (calling the class with ``args``) would garble them on the
+        # way through a process pool. Rebuild from the message and attributes.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(
+    cls: type[ThreadlineError], args: tuple[Any, ...], state: dict[str, Any]
+) -> ThreadlineError:
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class ConfigError(ThreadlineError):

@@ -300,7 +300,9 @@ class DurableAgent:
 
     # -- internals -------------------------------------------------------------
 
-    async def _append(self, items: Sequence[Message | Entry]) -> list[Entry]:
+    async def _append(
+        self, items: Sequence[Message | Entry], *, shielded: bool = True
+    ) -> list[Entry]:
         parent = self._tree.leaf_id
         batch: list[Entry] = []
         for item in items:
@@ -309,6 +311,10 @@ class DurableAgent:
             parent = entry.id
         if not batch:
             return []
+        if not shielded:
+            await self._store.append_entries(self._session_id, batch)
+            self._add(batch)
+            return batch
         write = asyncio.ensure_future(self._store.append_entries(self._session_id, batch))
         try:
             await asyncio.shield(write)
@@ -393,6 +399,12 @@ class DurableAgent:
             ) from first_error
 
 
+# How far the loop may run ahead of a slow consumer. Everything queued is
+# already stored; the slack lets a burst of stream deltas reach the consumer
+# without a task switch per event.
+_QUEUE_SIZE = 256
+
+
 class _Pump:
     """Drives the inner loop in its own task, storing before forwarding."""
 
@@ -406,7 +418,7 @@ class _Pump:
     ) -> None:
         self._agent = agent
         self._abort = asyncio.Event()
-        self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=1)
+        self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=_QUEUE_SIZE)
         self._pending_input = list(input_entries)
         self._detached = False
         self._task = asyncio.create_task(self._main(factory, context, input))
@@ -465,7 +477,9 @@ class _Pump:
         if pending and _same_input(pending[0], event.message):
             written = [pending.pop(0)]
         else:
-            written = await self._agent._append([event.message])
+            # The pump task is never cancelled (detach shields it), so the
+            # cancellation-safe path and its extra task are not needed here.
+            written = await self._agent._append([event.message], shielded=False)
         return StoredMessageEnd(message=event.message, entries=tuple(written))
 
 

@@ -88,7 +88,7 @@ _STDERR_KEEP = 8 * 1024  # bytes of stderr kept while the child runs
 _CHUNK = 1024 * 1024  # bytes read from the child's stdout at a time
 _ABORTED_TEXT = "Tool call aborted: the run was stopped before the tool finished."
 
-Synthesized = Literal["aborted", "interrupted"]
+_Synthesized = Literal["aborted", "interrupted"]
 
 
 # ----------------------------------------------------------------------------- wire
@@ -126,7 +126,6 @@ class _TurnEnd(_Ev, tag="turn_end"):
 
 class _ToolStart(_Ev, tag="tool_execution_start"):
     tool_call_id: str
-    tool_name: str = ""
     arguments: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -365,7 +364,13 @@ class _Child:
         return cls(loop, proc, request)
 
     async def _reap(self) -> None:
-        await self.proc.wait()
+        # Not proc.wait(): that also waits for the pipes to close, which never
+        # happens while something the child started still holds them. The
+        # child watcher sets returncode as soon as it has reaped the child.
+        delay = 0.001
+        while self.proc.returncode is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
         # Whatever the child left running in its group would hold our pipes open.
         _signal_group(self.proc.pid, signal.SIGKILL)
 
@@ -671,7 +676,7 @@ class _Turns:
         self._running, self._results, self._started = {}, {}, set()
         return out
 
-    def close(self, kind: Synthesized, error: BaseException | None) -> list[AgentEvent]:
+    def close(self, kind: _Synthesized, error: BaseException | None) -> list[AgentEvent]:
         """End what the child left open: the streaming message, then unanswered calls."""
         out: list[AgentEvent] = []
         if self._streaming is not None:
@@ -715,7 +720,7 @@ class _Partial:
         return TextPart(text=text)
 
 
-def _synthesized(kind: Synthesized, call_id: str, name: str) -> ToolResultMessage:
+def _synthesized(kind: _Synthesized, call_id: str, name: str) -> ToolResultMessage:
     if kind == "interrupted":
         return interrupted_result(call_id, name)
     return ToolResultMessage(tool_call_id=call_id, tool_name=name, is_error=True,

@@ -195,6 +195,8 @@ class PostgresStore:
     # -- plumbing ---------------------------------------------------------------
 
     async def _start(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
         if self._ready:
             return
         if self._ready_lock is None:

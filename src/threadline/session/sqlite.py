@@ -177,7 +177,7 @@ class SQLiteStore:
             row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
             return int(row[0] or 0)
 
-        if current() >= MIGRATIONS[-1][0]:
+        if self._retry_busy(current) >= MIGRATIONS[-1][0]:
             return
 
         def apply() -> None:
