@@ -32,8 +32,10 @@ from threadline.ai.model import (
     DoneEvent,
     ErrorEvent,
     ModelInfo,
+    Request,
     StartEvent,
     StreamEvent,
+    StreamOptions,
     TextDelta,
     TextEnd,
     TextStart,
@@ -400,3 +402,61 @@ def data_url(image: ImagePart) -> str:
 
 
 IMAGE_OMITTED = "(image omitted: this model does not accept images)"
+
+
+class StreamState(Protocol):
+    """Per-request parser state: feeds SDK events into a ``Builder``."""
+
+    def handle(self, event: Any) -> Iterable[StreamEvent]: ...
+
+    def finish(self) -> list[StreamEvent]: ...
+
+
+class SDKModel:
+    """The plumbing every SDK-backed model shares: the client's lifetime and the
+    stream driver. A subclass builds its client, names its ``API``, and supplies
+    ``request_body``, ``_create`` (open the SDK stream), ``_state`` and
+    ``_translate`` (SDK exception -> ``ModelError``)."""
+
+    API = ""
+
+    def __init__(self, info: ModelInfo, client: Any) -> None:
+        self._info = info
+        self._client = client
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP connections."""
+        await self._client.close()
+
+    async def stream(
+        self, request: Request, options: StreamOptions | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        options = options or StreamOptions()
+        builder = Builder(self._info, self.API)
+        state = self._state(builder)
+        body = self.request_body(request, options)
+
+        async def open_stream() -> Any:
+            return await self._create(body)
+
+        async for event in drive(builder, open_stream=open_stream, handle=state.handle,
+                                 finish=state.finish, translate=self._translate,
+                                 abort=options.abort):
+            yield event
+
+    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _create(self, body: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _state(self, builder: Builder) -> StreamState:
+        raise NotImplementedError
+
+    def _translate(self, exc: Exception) -> ModelError:
+        raise NotImplementedError
+

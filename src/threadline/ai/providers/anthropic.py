@@ -9,7 +9,7 @@ from the prompt cache instead of being paid for again each turn.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from threadline.ai.messages import (
@@ -28,9 +28,9 @@ from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,
     Builder,
+    SDKModel,
     classify,
     connection_error,
-    drive,
     normalize_id,
     same_model,
     thinking_as_text,
@@ -59,7 +59,7 @@ _STOP: dict[str, StopReason] = {
 _CACHE = {"type": "ephemeral"}
 
 
-class AnthropicModel:
+class AnthropicModel(SDKModel):
     """A LanguageModel speaking the Anthropic Messages API."""
 
     def __init__(
@@ -73,36 +73,20 @@ class AnthropicModel:
         headers: dict[str, str] | None = None,
         cache: bool = True,
     ) -> None:
-        self._info = info
         self._cache = cache
-        self._client = anthropic.AsyncAnthropic(
+        super().__init__(info, anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, max_retries=max_retries,
             default_headers=headers,
             timeout=anthropic.NOT_GIVEN if timeout is None else timeout,
-        )
+        ))
 
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
+    API = API
 
-    async def aclose(self) -> None:
-        """Close the pooled HTTP connections."""
-        await self._client.close()
+    async def _create(self, body: dict[str, Any]) -> Any:
+        return await self._client.messages.create(**body)
 
-    async def stream(
-        self, request: Request, options: StreamOptions | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        options = options or StreamOptions()
-        builder = Builder(self._info, API)
-        state = _State(builder)
-
-        async def open_stream() -> Any:
-            return await self._client.messages.create(**self.request_body(request, options))
-
-        async for event in drive(builder, open_stream=open_stream, handle=state.handle,
-                                 finish=state.finish, translate=self._translate,
-                                 abort=options.abort):
-            yield event
+    def _state(self, builder: Builder) -> _State:
+        return _State(builder)
 
     def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
         """The keyword arguments for ``messages.create``."""

@@ -9,7 +9,7 @@ gets it back in the same field.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -30,10 +30,10 @@ from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,
     Builder,
+    SDKModel,
     classify,
     connection_error,
     data_url,
-    drive,
     error_fields,
     normalize_id,
     same_model,
@@ -59,7 +59,7 @@ _FINISH: dict[str, StopReason] = {
 }
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(SDKModel):
     """A LanguageModel speaking the Chat Completions API."""
 
     def __init__(
@@ -72,35 +72,19 @@ class OpenAIChatModel:
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        self._info = info
-        self._client = openai.AsyncOpenAI(
+        super().__init__(info, openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=max_retries,
             default_headers=headers,
             timeout=openai.NOT_GIVEN if timeout is None else timeout,
-        )
+        ))
 
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
+    API = API
 
-    async def aclose(self) -> None:
-        """Close the pooled HTTP connections."""
-        await self._client.close()
+    async def _create(self, body: dict[str, Any]) -> Any:
+        return await self._client.chat.completions.create(**body)
 
-    async def stream(
-        self, request: Request, options: StreamOptions | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        options = options or StreamOptions()
-        builder = Builder(self._info, API)
-        state = _State(builder)
-
-        async def open_stream() -> Any:
-            return await self._client.chat.completions.create(**self.request_body(request, options))
-
-        async for event in drive(builder, open_stream=open_stream, handle=state.handle,
-                                 finish=state.finish, translate=self._translate,
-                                 abort=options.abort):
-            yield event
+    def _state(self, builder: Builder) -> _State:
+        return _State(builder)
 
     def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
         """The keyword arguments for ``chat.completions.create``."""
