@@ -734,6 +734,39 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     return out
 
 
+WIN_METRICS = {
+    "bytes_ratio": "bytes stored",
+    "append_p50_ms": "append p50",
+    "append_p99_ms": "append p99",
+    "cold_load_ms": "cold load",
+    "context_ms": "context after append",
+}
+
+
+def peer_wins(report: dict[str, Any]) -> list[str]:
+    """Every cell where a peer beats threadline's store on the same backend."""
+    systems = {s["name"]: s for s in report["systems"]}
+    out = []
+    for s in report["systems"]:
+        if s["threadline"]:
+            continue
+        backend = "postgres" if "postgres" in s["name"] else "sqlite"
+        ours = systems.get(f"threadline-{backend}")
+        if ours is None:
+            continue
+        mine = {p["n"]: p for p in ours["points"]}
+        for key, what in WIN_METRICS.items():
+            wins = [
+                f"N={p['n']} ({fmt(p[key])} vs {fmt(mine[p['n']][key])})"
+                for p in s["points"]
+                if p[key] is not None and mine[p["n"]][key] is not None
+                and p[key] < mine[p["n"]][key]
+            ]
+            if wins:
+                out.append(f"{s['name']} beats {ours['name']} on {what} at " + ", ".join(wins))
+    return out
+
+
 def print_rich(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -746,6 +779,8 @@ def print_rich(report: dict[str, Any]) -> None:
         for row in rows:
             table.add_row(*row)
         console.print(table)
+    for line in peer_wins(report):
+        console.print(f"[yellow]peer wins:[/] {line}")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -765,6 +800,9 @@ def markdown(report: dict[str, Any]) -> str:
                  "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         parts.append("\n".join(lines))
+    wins = peer_wins(report)
+    parts.append("**Where a peer wins** (against threadline's store on the same backend):\n\n"
+                 + ("\n".join(f"- {w}" for w in wins) if wins else "- nowhere"))
     return "\n\n".join(parts) + "\n"
 
 

@@ -1142,13 +1142,3 @@ async def test_s13_nothing_published_on_append_or_run(backend: Backend) -> None:
     assert not any(isinstance(ev, lifecycle) for ev in events)
     assert published == []
 
-
-def test_public_api_is_stated_once() -> None:
-    assert set(durable.__all__) == {
-        "DurableAgent", "Factory", "LifecycleEvent", "ModelFactory", "PublishError",
-        "Publisher", "PublisherLike", "Run", "RunEvent", "RunInput", "RunStarted",
-        "SessionBranched", "SessionCompacted", "SessionForked", "SessionInit",
-        "StoredMessageEnd", "SubprocessLoop", "model", "open", "orphaned_results",
-        "subprocess",
-    }
-

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 from threadline.durable.agent import DurableAgent, Factory, PublishError, Run, RunInput, open
+from threadline.durable.compaction import (
+    CompactionPlan,
+    CompactionPolicy,
+    TokenEstimate,
+    estimate_context_tokens,
+    estimate_path,
+    estimate_tokens,
+    find_cut_point,
+    plan_compaction,
+    summarize,
+)
 from threadline.durable.events import (
     LifecycleEvent,
     Publisher,
@@ -17,9 +28,11 @@ from threadline.durable.events import (
 )
 from threadline.durable.factory import ModelFactory, model
 from threadline.durable.repair import orphaned_results
-from threadline.durable.subprocess_loop import SubprocessLoop, subprocess
+from threadline.durable.subprocess_loop import SubprocessFactory, SubprocessLoop, subprocess
 
 __all__ = [
+    "CompactionPlan",
+    "CompactionPolicy",
     "DurableAgent",
     "Factory",
     "LifecycleEvent",
@@ -36,9 +49,17 @@ __all__ = [
     "SessionForked",
     "SessionInit",
     "StoredMessageEnd",
+    "SubprocessFactory",
     "SubprocessLoop",
+    "TokenEstimate",
+    "estimate_context_tokens",
+    "estimate_path",
+    "estimate_tokens",
+    "find_cut_point",
     "model",
     "open",
     "orphaned_results",
+    "plan_compaction",
     "subprocess",
+    "summarize",
 ]

@@ -19,6 +19,8 @@ import msgspec
 
 from threadline.agent.events import AgentEvent, Loop, MessageEnd
 from threadline.ai.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from threadline.ai.model import LanguageModel
+from threadline.durable.compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable.events import (
     LifecycleEvent,
     PublisherLike,
@@ -75,12 +77,15 @@ async def open(
     session_id: str | None = None,
     publisher: PublisherLike | None = None,
     repair: bool = True,
+    compaction: CompactionPolicy | None = None,
 ) -> DurableAgent:
     """Resume the session ``session_id`` or create it (S2).
 
     With no ``session_id`` a new one is generated (``agent.session_id``).
     Tool calls on the active path left without results by a crash get
     synthesized "interrupted" results appended (S12) unless ``repair=False``.
+    With ``compaction``, each run first compacts the session when its context
+    is over the policy's threshold.
     """
     created = False
     if session_id is None:
@@ -98,7 +103,7 @@ async def open(
             # Another agent created it between our load and our create: resume it.
             entries = await store.load_entries(session_id)
     agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
-                         publisher=publisher)
+                         publisher=publisher, compaction=compaction)
     if repair:
         await agent._repair()
     if created:
@@ -117,7 +122,11 @@ class DurableAgent:
         session_id: str,
         entries: Sequence[Entry] = (),
         publisher: PublisherLike | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
+        if compaction is not None and factory is not None:
+            compaction.models(factory)  # no model to summarise with: fail now
+        self._compaction = compaction
         self._factory = factory
         self._store = store
         self._session_id = session_id
@@ -233,7 +242,8 @@ class DurableAgent:
                 await self._store.append_entries(child_id, copies)
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
-                             entries=copies, publisher=self._publisher)
+                             entries=copies, publisher=self._publisher,
+                             compaction=self._compaction)
         self._publish(
             [
                 SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,
@@ -271,6 +281,25 @@ class DurableAgent:
         assert isinstance(stored, CompactionEntry)
         self._publish([SessionCompacted(session_id=self._session_id, entry=stored)], stored)
         return stored
+
+    async def compact_with(
+        self,
+        model: LanguageModel,
+        *,
+        keep_recent_tokens: int = 20_000,
+        instructions: str | None = None,
+        abort: asyncio.Event | None = None,
+    ) -> CompactionEntry | None:
+        """Compact with a summary written by ``model``; None if nothing to fold.
+
+        The kept tail (about ``keep_recent_tokens``) starts at a point that never
+        separates a tool call from its result; an earlier compaction's summary
+        is folded into the new one. If the model fails, its ``ModelError`` is
+        raised and nothing is appended or published.
+        """
+        self._check_not_inside_run("compact")
+        return await compact_agent(self, model, keep_recent_tokens=keep_recent_tokens,
+                                   instructions=instructions, abort=abort)
 
     def run(self, input: RunInput) -> Run:
         """Run the loop on ``input``; iterate the result for events (S11).
@@ -358,6 +387,8 @@ class DurableAgent:
     async def _run(
         self, factory: Factory, input: list[Message], owner: weakref.ref[Run]
     ) -> AsyncGenerator[RunEvent, None]:
+        if self._compaction is not None:
+            await maybe_compact(self, self._compaction, factory, input)
         async with self._lock:
             self._run_task = asyncio.current_task()
             self._run_owner = owner

@@ -29,6 +29,27 @@ Writes:
   raises ``DurabilityError`` and refuses every later write on that object;
   open a new ``FileStore`` after checking the disk.
 
+The append path is built to cost little more than its ``write`` and
+``fdatasync`` (``bench/store.py``):
+
+- The store keeps the descriptors of recently appended sessions open (at
+  most ``_MAX_OPEN_FILES``, least recently used closed first). The first line
+  is checked when a descriptor is opened; on every later append, once the
+  lock is held, the file at the path must still be the descriptor's file
+  (same device and inode; an open descriptor keeps its inode number from
+  being reused). A session deleted or replaced since is reopened and checked
+  afresh, or reported missing.
+- Appends run on the store's own worker threads, not in the event loop. While
+  a worker writes a session, further appends to it from this store queue up,
+  and the next write takes all of them at once (group commit): each call's
+  lines stay together and in call order, and each call returns only after
+  the ``fdatasync`` that covers its lines. If that write or sync fails, every
+  call in the group gets the error and none of their lines stays in the
+  file. Appends to different sessions run in parallel.
+- A forked child drops the descriptors it inherited (they share the parent's
+  locks) and starts its own workers. ``close()`` releases descriptors and
+  threads early; the store stays usable afterwards.
+
 ``durability="flush"`` skips every fsync. Appends are then written to the
 operating system before ``append_entries`` returns, so they survive the
 process being killed, but not a power failure or kernel crash: the entries of
@@ -41,10 +62,10 @@ msgspec. A torn last line is ignored and reported (a ``RuntimeWarning`` and a
 string in ``EntryLog.diagnostics``); any other line that does not decode
 raises ``CorruptLog`` with the file and line number.
 
-Blocking I/O runs in a worker thread (``asyncio.to_thread``) so the event
-loop is not stalled by an fsync or a large read. The one exception is a small
-append with ``durability="flush"``: it is a few system calls with no fsync,
-cheaper than the thread hop, so it runs inline. The garbage collector is not
+Blocking I/O runs on the store's worker threads so the event loop is not
+stalled by an fsync or a large read. The one exception is a small append with
+``durability="flush"`` to a session no worker is writing: it is a few system
+calls with no fsync, cheaper than the thread hop, so it runs inline. The garbage collector is not
 paused while decoding: entry structs are not tracked by it, and pausing it
 measured no faster (``bench/store.py``).
 """
@@ -53,13 +74,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import fcntl
 import hashlib
 import os
 import re
 import secrets
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -91,6 +116,7 @@ _DEVICE_NAMES = frozenset(
     | {f"{p}{n}" for p in ("com", "lpt") for n in "0123456789¹²³"}
 )
 _INLINE_MAX_ENTRIES = 8
+_MAX_OPEN_FILES = 64  # per store
 _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
 
 
@@ -117,6 +143,46 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _same_file(st: os.stat_result, path: Path) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
+
+
+class _Waiter:
+    """An ``append_entries`` call waiting for the write that includes its lines."""
+
+    __slots__ = ("data", "future", "loop")
+
+    def __init__(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        self.data = data
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def settle(self, error: BaseException | None) -> None:
+        """Wake the caller, from any thread."""
+        # RuntimeError: the caller's event loop is closed, no one is waiting.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_settle, self.future, error)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
+
+
 class FileStore:
     """Sessions as JSON-lines files under ``root`` (created if missing).
 
@@ -131,6 +197,16 @@ class FileStore:
         self.root = Path(root)
         self.durability: Durability = durability
         self._poisoned: str | None = None
+        self._lock = threading.Lock()
+        # Open, id-checked descriptors of sessions not being written right
+        # now, least recently used first. A worker takes a session's out while
+        # it writes, so no one else can close it under it.
+        self._fds: dict[str, int] = {}
+        # Sessions a writer (worker or inline) is busy with -> appends queued behind it.
+        self._queues: dict[str, list[_Waiter]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        weakref.finalize(self, _close_all, self._fds)
+        _STORES.add(self)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -155,17 +231,35 @@ class FileStore:
         return log
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        path = self.path_for(session_id)
+        self._check_writable(session_id)
+        data = encode_entries(entries)
         if self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES:
             # Without fsync a small append is a few microseconds of system
             # calls, less than the thread hop (bench/store.py); with fsync it
             # can take milliseconds, which the event loop must not wait for.
-            try:
-                self._append(session_id, entries)
-            except OSError as exc:
-                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
-                                 f"{exc}", session_id=session_id) from exc
-            return
-        await self._thread("append to", session_id, self._append, session_id, entries)
+            with self._lock:
+                inline = session_id not in self._queues
+                if inline:
+                    self._queues[session_id] = []
+                    fd = self._fds.pop(session_id, None)
+            if inline:
+                kept = None
+                try:
+                    kept = self._write(session_id, path, fd, data)
+                finally:
+                    with self._lock:
+                        self._next_group(session_id, path, kept, inline=True)
+                return
+        waiter = _Waiter(data, asyncio.get_running_loop())
+        with self._lock:
+            queue = self._queues.get(session_id)
+            if queue is not None:
+                queue.append(waiter)
+            else:
+                self._queues[session_id] = [waiter]
+                self._pool().submit(self._drain, session_id, path)
+        await waiter.future
 
     # -- beyond the contract --------------------------------------------------
 
@@ -180,15 +274,26 @@ class FileStore:
         await self._thread("delete", session_id, self._delete, session_id)
 
     async def close(self) -> None:
-        """Nothing to release: every call opens and closes its own file."""
+        """Wait for running appends, then close cached files and stop the worker threads.
+
+        The store stays usable: later calls reopen what they need.
+        """
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown)
+        with self._lock:
+            _close_all(self._fds)
 
     # -- blocking implementation ----------------------------------------------
 
     async def _thread(
         self, verb: str, session_id: str | None, fn: Callable[..., _T], *args: Any
     ) -> _T:
+        with self._lock:
+            pool = self._pool()
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except OSError as exc:
             what = "sessions" if session_id is None else f"session {session_id!r}"
             raise StoreError(f"cannot {verb} {what} in {self.root}: {exc}",
@@ -273,39 +378,113 @@ class FileStore:
             tmp.unlink(missing_ok=True)
         self._sync_dir(record.id)
 
-    def _append(self, session_id: str, entries: Sequence[Entry]) -> None:
-        self._check_writable(session_id)
-        data = encode_entries(entries)
-        fd, path = self._open(session_id, os.O_RDWR | os.O_APPEND)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            st = os.fstat(fd)
-            if st.st_nlink == 0:  # deleted while we waited for the lock
-                raise SessionNotFound(session_id, str(self.root))
-            self._read_record(fd, session_id, path)
-            if not data:
-                return
-            size = self._repair_tail(fd, st.st_size, path, session_id)
+    def _pool(self) -> ThreadPoolExecutor:
+        """The worker threads (call with ``_lock`` held)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(thread_name_prefix="threadline-file")
+        return self._executor
+
+    def _drain(self, session_id: str, path: Path) -> None:
+        """Worker: write the session's queued appends, all waiting ones in each write."""
+        with self._lock:
+            group, fd = self._next_group(session_id, path, None)
+        while group:
+            error: BaseException | None = None
             try:
-                _write_all(fd, data)
+                fd = self._write(session_id, path, fd, b"".join(w.data for w in group))
+            except Exception as exc:
+                error, fd = exc, None
+            for waiter in group:
+                waiter.settle(error)
+            with self._lock:
+                group, fd = self._next_group(session_id, path, fd)
+
+    def _next_group(
+        self, session_id: str, path: Path, fd: int | None, *, inline: bool = False
+    ) -> tuple[list[_Waiter], int | None]:
+        """Cache ``fd``; take the appends queued for the session, with its descriptor.
+
+        Called with ``_lock`` held. With nothing queued, the session is no
+        longer busy. An inline writer hands what queued up behind it to a worker.
+        """
+        if fd is not None:
+            self._fds[session_id] = fd
+            if len(self._fds) > _MAX_OPEN_FILES:
+                os.close(self._fds.pop(next(iter(self._fds))))
+        group = self._queues[session_id]
+        if not group:
+            del self._queues[session_id]
+            return [], None
+        if inline:
+            self._pool().submit(self._drain, session_id, path)
+            return [], None
+        self._queues[session_id] = []
+        return group, self._fds.pop(session_id, None)
+
+    def _open_log(self, session_id: str, path: Path) -> int:
+        """Open the session for appending and check its first line names it."""
+        fd, _ = self._open(session_id, os.O_RDWR | os.O_APPEND)
+        try:
+            # Unlocked: line 1 is complete from creation and never rewritten.
+            self._read_record(fd, session_id, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _write(self, session_id: str, path: Path, fd: int | None, data: bytes) -> int:
+        """Append ``data`` under the file lock; return the descriptor, still open.
+
+        ``fd`` is one this store opened and checked before, or None. On error
+        the descriptor is closed.
+        """
+        try:
+            self._check_writable(session_id)
+            if fd is None:
+                fd = self._open_log(session_id, path)
+            while True:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                if _same_file(st, path):
+                    break
+                # Deleted or replaced since the descriptor was opened: use
+                # what is at the path now (checking its first line), if anything.
+                os.close(fd)
+                fd = None
+                fd = self._open_log(session_id, path)
+            if data:
+                self._append_locked(fd, st.st_size, data, path, session_id)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return fd
+        except BaseException as exc:
+            if fd is not None:
+                os.close(fd)  # also releases the lock
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                                 f"{exc}", session_id=session_id) from exc
+            raise
+
+    def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
+                       session_id: str) -> None:
+        size = self._repair_tail(fd, size, path, session_id)
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            # Keep the append all-or-nothing: cut off what did get written.
+            try:
+                os.ftruncate(fd, size)
+            except OSError as exc2:
+                raise self._poison(
+                    session_id, f"append to {path} failed ({exc}) and could not be undone",
+                    exc2,
+                ) from exc
+            raise StoreError(f"append to {path} failed: {exc}",
+                             session_id=session_id) from exc
+        if self.durability == "fsync":
+            try:
+                _fdatasync(fd)
             except OSError as exc:
-                # Keep the append all-or-nothing: cut off what did get written.
-                try:
-                    os.ftruncate(fd, size)
-                except OSError as exc2:
-                    raise self._poison(
-                        session_id, f"append to {path} failed ({exc}) and could not be undone",
-                        exc2,
-                    ) from exc
-                raise StoreError(f"append to {path} failed: {exc}",
-                                 session_id=session_id) from exc
-            if self.durability == "fsync":
-                try:
-                    _fdatasync(fd)
-                except OSError as exc:
-                    raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
-        finally:
-            os.close(fd)  # also releases the lock
+                raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
 
     def _repair_tail(self, fd: int, size: int, path: Path, session_id: str) -> int:
         """Make the file end at a newline; return its size."""
@@ -389,6 +568,10 @@ class FileStore:
 
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
+        with self._lock:
+            cached = self._fds.pop(session_id, None)
+        if cached is not None:
+            os.close(cached)
         fd, path = self._open(session_id, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -403,6 +586,24 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+
+_STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()
+
+
+def _forget_parent_state() -> None:
+    # A forked child must not write through the parent's descriptors: they
+    # share the parent's flock, so the two would not exclude each other. The
+    # parent's worker threads do not exist in the child, and its lock may
+    # have been held at the fork.
+    for store in _STORES:
+        store._lock = threading.Lock()
+        _close_all(store._fds)
+        store._queues.clear()
+        store._executor = None
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
 
 
 def glob_escape(name: str) -> str:
