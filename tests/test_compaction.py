@@ -9,11 +9,12 @@ was sent.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -45,6 +46,7 @@ from threadline.durable import (
     estimate_tokens,
     find_cut_point,
     plan_compaction,
+    summarize,
 )
 from threadline.durable.compaction import (
     IMAGE_TOKENS,
@@ -96,7 +98,7 @@ def chain(*items: Message | Entry) -> list[Entry]:
         if isinstance(item, UserMessage | AssistantMessage | ToolResultMessage):
             out.append(MessageEntry(id=f"e{i}", parent_id=parent, timestamp=TS, message=item))
         else:
-            out.append(msgspec.structs.replace(item, id=f"e{i}", parent_id=parent))
+            out.append(msgspec.structs.replace(cast(Any, item), id=f"e{i}", parent_id=parent))
     return out
 
 
@@ -131,11 +133,11 @@ def test_estimate_tokens_counts_text_bytes_images_calls_and_results() -> None:
 
 def test_estimate_prefers_the_last_reported_usage_plus_heuristic_after_it() -> None:
     reported = Usage(input_tokens=900, output_tokens=50, cache_read_tokens=40)
-    after = [result("c1", "z" * 80), user("next question")]
+    after: list[Message] = [result("c1", "z" * 80), user("next question")]
     messages: list[Message] = [user("q"), asst("", "c1", usage=reported), *after]
     assert estimate_context_tokens(messages) == 990 + sum(estimate_tokens(m) for m in after)
     # No usage anywhere: the heuristic for everything.
-    plain = [user("q"), asst("a"), user("r")]
+    plain: list[Message] = [user("q"), asst("a"), user("r")]
     assert estimate_context_tokens(plain) == sum(estimate_tokens(m) for m in plain)
     # An aborted or failed reply's usage is partial: the one before it counts.
     aborted = asst("partial", usage=Usage(input_tokens=5), stop="aborted")
@@ -189,9 +191,11 @@ def test_cut_never_separates_a_tool_call_from_its_results() -> None:
     # huge results, and with them the call that asked for them.
     assert find_cut_point(path, 5) == "e4"
     assert find_cut_point(path, 6) == "e1"
-    assert find_cut_point(path, 2000) == "e1"
-    assert find_cut_point(path, 2020) is None
-    for keep in range(0, 2200, 50):
+    # e1 onwards is 13 + 2 * 1006 + 5 tokens; beyond that only e0 could
+    # start the tail, which would fold nothing.
+    assert find_cut_point(path, 2030) == "e1"
+    assert find_cut_point(path, 2031) is None
+    for keep in range(0, 2200, 10):
         assert find_cut_point(path, keep) in {"e4", "e1", None}
 
 
@@ -270,7 +274,7 @@ _items: st.SearchStrategy[Message | Entry] = st.one_of(
 def _paths(draw: st.DrawFn) -> list[Entry]:
     items = draw(st.lists(_items, max_size=40))
     path = chain(*items)
-    if path and draw(st.booleans()):
+    if draw(st.booleans()) and path:
         # An earlier compaction somewhere in the middle, keeping any entry
         # before it (or one that is not on the path).
         at = draw(st.integers(0, len(path)))
@@ -309,16 +313,19 @@ def _check_compaction(path: list[Entry], keep: int, summary: str) -> list[Entry]
 
 
 @settings(max_examples=400, deadline=None)
-@given(_paths(), st.integers(0, 1500), st.integers(0, 1500))
+@given(_paths(), st.lists(_items, max_size=15), st.integers(0, 250), st.integers(0, 250))
 def test_property_compaction_never_splits_tool_pairs_and_keeps_tail_verbatim(
-    path: list[Entry], keep1: int, keep2: int
+    path: list[Entry], later: list[Message | Entry], keep1: int, keep2: int
 ) -> None:
     once = _check_compaction(path, keep1, "first")
     if once is not None:
-        twice = _check_compaction(once, keep2, "second")
-        if twice is not None:
-            assert plan_compaction(once, keep2) is not None
-            assert plan_compaction(once, keep2).previous_summary == "first"  # type: ignore[union-attr]
+        # The conversation goes on, then is compacted again: the second plan
+        # starts from the first one's kept point and carries its summary.
+        grown = chain(*once, *later)
+        plan = plan_compaction(grown, keep2)
+        if plan is not None:
+            assert plan.previous_summary == "first"
+        _check_compaction(grown, keep2, "second")
 
 
 # -- the durable agent ---------------------------------------------------------
@@ -348,7 +355,7 @@ BIG = "b" * 6000
 
 async def seeded(storage: Storage, session_id: str = "s", **kw: Any) -> DurableAgent:
     """A session with a tool round trip, then two plain turns."""
-    agent = await durable.open(None, store=storage.reopen(), session_id=session_id, **kw)
+    agent = await durable.open(None, store=storage.reopen(), session_id=session_id)
     await agent.append(
         user("Please read notes.txt and plan the release."),
         asst("Reading it.", "c1"),
@@ -359,7 +366,8 @@ async def seeded(storage: Storage, session_id: str = "s", **kw: Any) -> DurableA
         user("Shorter please."),
         asst("Ship Friday."),
     )
-    return agent
+    # Reopened, so the tests see what is stored (and a publisher hears no session_init).
+    return await durable.open(None, store=storage.reopen(), session_id=session_id, **kw)
 
 
 async def test_compact_with_sends_a_structured_summary_request(storage: Storage) -> None:
@@ -367,7 +375,7 @@ async def test_compact_with_sends_a_structured_summary_request(storage: Storage)
     agent = await seeded(storage, publisher=published.append)
     before = agent.messages()
     model = ScriptedModel([Turn.text(SUMMARY)])
-    entry = await agent.compact_with(model, keep_recent_tokens=20)
+    entry = await agent.compact_with(model, keep_recent_tokens=5)
     assert entry is not None
     # The summariser got one provider-valid request: a system prompt and one
     # user message holding the transcript of what is folded.
@@ -383,7 +391,8 @@ async def test_compact_with_sends_a_structured_summary_request(storage: Storage)
     assert "[user]\nPlease read notes.txt and plan the release." in text
     assert '[assistant tool call: tool_c1]\n{"q":"c1"}' in text
     assert "[tool result: tool_c1]" in text
-    assert "characters omitted" in text            # the big result was truncated
+    # The 5,000-character tool result was cut to TRUNCATE_CHARS characters.
+    assert f"[... {5000 - TRUNCATE_CHARS} characters omitted ...]" in text
     assert "line\n" * 1000 not in text
     assert "Shorter please." in text               # folded: the cut is at the last reply
     assert "Ship Friday." not in text              # kept verbatim, not summarised
@@ -417,13 +426,14 @@ async def test_compact_with_returns_none_and_asks_nothing_when_nothing_to_fold(
 async def test_repeated_compaction_feeds_the_previous_summary(storage: Storage) -> None:
     agent = await seeded(storage)
     model = ScriptedModel([Turn.text("FIRST SUMMARY"), Turn.text("SECOND SUMMARY")])
-    first = await agent.compact_with(model, keep_recent_tokens=300)
+    # The last four messages are 7 + 8 + 209 + 12 tokens.
+    first = await agent.compact_with(model, keep_recent_tokens=230)
     assert first is not None
     kept = agent.get(first.first_kept_entry_id)
     assert isinstance(kept, MessageEntry) and kept.message == user("Good. Draft the announcement.")
     await agent.append(user("Now the changelog."), asst("Changelog: " + "c" * 800),
                        user("Thanks."), asst("Welcome."))
-    second = await agent.compact_with(model, keep_recent_tokens=20, instructions="Be terse.")
+    second = await agent.compact_with(model, keep_recent_tokens=5, instructions="Be terse.")
     assert second is not None
     text = model.requests[1].messages[0].content[0].text  # type: ignore[union-attr]
     assert "<previous-summary>\nFIRST SUMMARY\n</previous-summary>" in text
@@ -492,6 +502,27 @@ async def test_compaction_survives_reopen_and_fork(storage: Storage) -> None:
     model = ScriptedModel([Turn.text("CHILD SUMMARY")])
     assert await reopened_child.compact_with(model, keep_recent_tokens=10) is not None
     assert SUMMARY in model.requests[0].messages[0].content[0].text  # type: ignore[union-attr]
+
+
+async def test_summarize_renders_images_and_reasoning_and_honours_abort() -> None:
+    image = ImagePart(data="QUJD" * 1000, mime_type="image/png")
+    messages: list[Message] = [
+        UserMessage.of("what is this?", image),
+        AssistantMessage(content=(ThinkingPart(thinking="t" * 5000),
+                                  ThinkingPart(thinking="", signature="opaque", redacted=True),
+                                  TextPart(text="a cat"))),
+    ]
+    model = ScriptedModel([Turn.text("  the summary  ")])
+    assert await summarize(model, messages) == "the summary"
+    text = model.requests[0].messages[0].content[0].text  # type: ignore[union-attr]
+    assert "[user]\nwhat is this?\n[image: image/png]" in text
+    assert "QUJD" not in text and "opaque" not in text
+    assert f"[... {5000 - TRUNCATE_CHARS} characters omitted ...]" in text
+    assert "[assistant]\na cat" in text
+    abort = asyncio.Event()
+    abort.set()
+    with pytest.raises(ModelError, match="aborted"):
+        await summarize(ScriptedModel([Turn.text("never")]), messages, abort=abort)
 
 
 # -- automatic compaction ------------------------------------------------------
@@ -606,7 +637,7 @@ async def test_auto_compaction_without_a_model_is_a_config_error() -> None:
     def factory() -> Any:
         raise AssertionError("never built")
 
-    with pytest.raises(ConfigError, match="CompactionPolicy\\(model=...\\)"):
+    with pytest.raises(ConfigError, match=r"CompactionPolicy\(model=\.\.\.\)"):
         await durable.open(factory, store=MemoryStore(), compaction=CompactionPolicy())
     # Without a factory there are no runs, so nothing to check.
     agent = await durable.open(None, store=MemoryStore(), compaction=CompactionPolicy())

@@ -86,7 +86,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -143,12 +143,20 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _same_file(st: os.stat_result, path: Path) -> bool:
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
+class _OpenLog(NamedTuple):
+    """A session file this store opened for appending, first line checked."""
+
+    fd: int
+    dev: int
+    ino: int
+
+    def size_if_current(self, path: Path) -> int:
+        """The file's size if ``path`` still names it (not deleted or replaced), else -1."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return -1
+        return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
 
 
 class _Waiter:
@@ -177,10 +185,10 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-def _close_all(fds: dict[str, int]) -> None:
-    for fd in fds.values():
-        os.close(fd)
-    fds.clear()
+def _close_all(logs: dict[str, _OpenLog]) -> None:
+    for log in logs.values():
+        os.close(log.fd)
+    logs.clear()
 
 
 class FileStore:
@@ -198,14 +206,14 @@ class FileStore:
         self.durability: Durability = durability
         self._poisoned: str | None = None
         self._lock = threading.Lock()
-        # Open, id-checked descriptors of sessions not being written right
-        # now, least recently used first. A worker takes a session's out while
-        # it writes, so no one else can close it under it.
-        self._fds: dict[str, int] = {}
+        # Open files of sessions not being written right now, least recently
+        # used first. A writer takes its session's out while it writes, so no
+        # one else can close it under it.
+        self._logs: dict[str, _OpenLog] = {}
         # Sessions a writer (worker or inline) is busy with -> appends queued behind it.
         self._queues: dict[str, list[_Waiter]] = {}
         self._executor: ThreadPoolExecutor | None = None
-        weakref.finalize(self, _close_all, self._fds)
+        weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -234,23 +242,9 @@ class FileStore:
         path = self.path_for(session_id)
         self._check_writable(session_id)
         data = encode_entries(entries)
-        if self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES:
-            # Without fsync a small append is a few microseconds of system
-            # calls, less than the thread hop (bench/store.py); with fsync it
-            # can take milliseconds, which the event loop must not wait for.
-            with self._lock:
-                inline = session_id not in self._queues
-                if inline:
-                    self._queues[session_id] = []
-                    fd = self._fds.pop(session_id, None)
-            if inline:
-                kept = None
-                try:
-                    kept = self._write(session_id, path, fd, data)
-                finally:
-                    with self._lock:
-                        self._next_group(session_id, path, kept, inline=True)
-                return
+        if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
+                and self._write_inline(session_id, path, data)):
+            return
         waiter = _Waiter(data, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
@@ -283,7 +277,7 @@ class FileStore:
         if executor is not None:
             await asyncio.to_thread(executor.shutdown)
         with self._lock:
-            _close_all(self._fds)
+            _close_all(self._logs)
 
     # -- blocking implementation ----------------------------------------------
 
@@ -387,30 +381,32 @@ class FileStore:
     def _drain(self, session_id: str, path: Path) -> None:
         """Worker: write the session's queued appends, all waiting ones in each write."""
         with self._lock:
-            group, fd = self._next_group(session_id, path, None)
+            group, log = self._next_group(session_id, path, None)
         while group:
             error: BaseException | None = None
             try:
-                fd = self._write(session_id, path, fd, b"".join(w.data for w in group))
+                log = self._write(session_id, path, log, b"".join(w.data for w in group))
             except Exception as exc:
-                error, fd = exc, None
-            for waiter in group:
-                waiter.settle(error)
+                error, log = exc, None
             with self._lock:
-                group, fd = self._next_group(session_id, path, fd)
+                done, (group, log) = group, self._next_group(session_id, path, log)
+            # Waking callers last: the woken event loop then does not wait for
+            # this thread to let go of the GIL.
+            for waiter in done:
+                waiter.settle(error)
 
     def _next_group(
-        self, session_id: str, path: Path, fd: int | None, *, inline: bool = False
-    ) -> tuple[list[_Waiter], int | None]:
-        """Cache ``fd``; take the appends queued for the session, with its descriptor.
+        self, session_id: str, path: Path, log: _OpenLog | None, *, inline: bool = False
+    ) -> tuple[list[_Waiter], _OpenLog | None]:
+        """Cache ``log``; take the appends queued for the session, and its open file.
 
         Called with ``_lock`` held. With nothing queued, the session is no
         longer busy. An inline writer hands what queued up behind it to a worker.
         """
-        if fd is not None:
-            self._fds[session_id] = fd
-            if len(self._fds) > _MAX_OPEN_FILES:
-                os.close(self._fds.pop(next(iter(self._fds))))
+        if log is not None:
+            self._logs[session_id] = log
+            if len(self._logs) > _MAX_OPEN_FILES:
+                os.close(self._logs.pop(next(iter(self._logs))).fd)
         group = self._queues[session_id]
         if not group:
             del self._queues[session_id]
@@ -419,46 +415,68 @@ class FileStore:
             self._pool().submit(self._drain, session_id, path)
             return [], None
         self._queues[session_id] = []
-        return group, self._fds.pop(session_id, None)
+        return group, self._logs.pop(session_id, None)
 
-    def _open_log(self, session_id: str, path: Path) -> int:
+    def _write_inline(self, session_id: str, path: Path, data: bytes) -> bool:
+        """Append in the caller's thread, unless a writer is busy with the session.
+
+        Without fsync a small append is a few microseconds of system calls,
+        less than the thread hop (bench/store.py); with fsync it can take
+        milliseconds, which the event loop must not wait for.
+        """
+        with self._lock:
+            if session_id in self._queues:
+                return False
+            self._queues[session_id] = []
+            log = self._logs.pop(session_id, None)
+        kept = None
+        try:
+            kept = self._write(session_id, path, log, data)
+        finally:
+            with self._lock:
+                self._next_group(session_id, path, kept, inline=True)
+        return True
+
+    def _open_log(self, session_id: str, path: Path) -> _OpenLog:
         """Open the session for appending and check its first line names it."""
         fd, _ = self._open(session_id, os.O_RDWR | os.O_APPEND)
         try:
+            st = os.fstat(fd)
             # Unlocked: line 1 is complete from creation and never rewritten.
             self._read_record(fd, session_id, path)
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return _OpenLog(fd, st.st_dev, st.st_ino)
 
-    def _write(self, session_id: str, path: Path, fd: int | None, data: bytes) -> int:
-        """Append ``data`` under the file lock; return the descriptor, still open.
+    def _write(
+        self, session_id: str, path: Path, log: _OpenLog | None, data: bytes
+    ) -> _OpenLog:
+        """Append ``data`` under the file lock; return the file, still open.
 
-        ``fd`` is one this store opened and checked before, or None. On error
-        the descriptor is closed.
+        ``log`` is a file this store opened before, or None. On error it is closed.
         """
         try:
             self._check_writable(session_id)
-            if fd is None:
-                fd = self._open_log(session_id, path)
             while True:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                st = os.fstat(fd)
-                if _same_file(st, path):
+                if log is None:
+                    log = self._open_log(session_id, path)
+                fcntl.flock(log.fd, fcntl.LOCK_EX)
+                size = log.size_if_current(path)
+                if size >= 0:
                     break
-                # Deleted or replaced since the descriptor was opened: use
-                # what is at the path now (checking its first line), if anything.
-                os.close(fd)
-                fd = None
-                fd = self._open_log(session_id, path)
+                # Deleted or replaced since we opened it: use what is at the
+                # path now (checking its first line), if anything. Holding the
+                # old file open kept its inode number from being reused.
+                os.close(log.fd)
+                log = None
             if data:
-                self._append_locked(fd, st.st_size, data, path, session_id)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return fd
+                self._append_locked(log.fd, size, data, path, session_id)
+            fcntl.flock(log.fd, fcntl.LOCK_UN)
+            return log
         except BaseException as exc:
-            if fd is not None:
-                os.close(fd)  # also releases the lock
+            if log is not None:
+                os.close(log.fd)  # also releases the lock
             if isinstance(exc, OSError):
                 raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
                                  f"{exc}", session_id=session_id) from exc
@@ -569,9 +587,9 @@ class FileStore:
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
         with self._lock:
-            cached = self._fds.pop(session_id, None)
+            cached = self._logs.pop(session_id, None)
         if cached is not None:
-            os.close(cached)
+            os.close(cached.fd)
         fd, path = self._open(session_id, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -598,7 +616,7 @@ def _forget_parent_state() -> None:
     # have been held at the fork.
     for store in _STORES:
         store._lock = threading.Lock()
-        _close_all(store._fds)
+        _close_all(store._logs)
         store._queues.clear()
         store._executor = None
 
