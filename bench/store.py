@@ -1,6 +1,6 @@
 """FileStore benchmark: every figure next to a floor measured in the same run.
 
-    .venv/bin/python bench/store.py            # full run (about a minute)
+    .venv/bin/python bench/store.py            # full run (about 15 seconds)
     .venv/bin/python bench/store.py --quick    # smaller, for a smoke test
 
 Prints a table and writes bench/results/store.json.

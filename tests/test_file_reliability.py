@@ -7,10 +7,12 @@ SIGKILL in the middle of appending, and several processes write one session.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import multiprocessing
 import os
 import random
+import select
 import signal
 import tempfile
 import time
@@ -340,3 +342,39 @@ async def test_s4_eight_processes_append_500_each_to_one_session(tmp_path: Path)
     assert log.diagnostics == []
     assert len(log) == 4000
     check_concurrent_log(log, chains)
+
+
+# -- fork with open files -------------------------------------------------------
+
+
+def test_s4_forked_child_does_not_append_through_the_parents_open_file(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    asyncio.run(store.append_entries("s", [_msg("parent 1")]))  # the store keeps s open
+    # Lock through the store's own descriptor, as its writer does mid-append.
+    # A child writing through the inherited copy would share this lock and
+    # not wait for it.
+    held = store._logs["s"].fd
+    fcntl.flock(held, fcntl.LOCK_EX)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            os.close(read_fd)
+            signal.alarm(20)  # a hang fails the test instead of stalling it
+            asyncio.run(store.append_entries("s", [_msg("child")]))
+            os.write(write_fd, b"appended")
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        early, _, _ = select.select([read_fd], [], [], 0.3)
+        assert not early, "the child appended while the parent held the lock"
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        output = _read_all(read_fd)
+        os.waitpid(pid, 0)
+    assert output == b"appended"
+    asyncio.run(store.append_entries("s", [_msg("parent 2")]))
+    log = asyncio.run(store.load_entries("s"))
+    assert [e.message.text for e in log] == ["parent 1", "child", "parent 2"]  # type: ignore[union-attr]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
 import os
 import shutil
+import threading
+import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import msgspec
@@ -21,9 +25,12 @@ from threadline.errors import (
     StoreError,
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord, Store
+from threadline.session import file as file_module
 from threadline.session.codec import encode_entries, encode_init
+from threadline.session.entries import Entry
 from threadline.session.file import session_file_name
 from threadline.testing import StoreConformance, StoreOpener, sample_entries
+from threadline.testing.conformance import check_concurrent_log
 
 
 class TestFileStore(StoreConformance):
@@ -245,3 +252,241 @@ async def test_list_sessions_ignores_other_files(tmp_path: Path) -> None:
     await store.delete_session("s")
     await store.create_session(SessionRecord(id="s", parent_id="p"))
     assert [r.parent_id for r in (await store.list_sessions()).sessions] == ["p"]
+
+
+# -- the append path: cached files, group commit --------------------------------
+
+
+def _open_files_under(root: Path) -> int:
+    """How many descriptors of this process point into ``root``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        count += target.startswith(str(root) + "/")
+    return count
+
+
+def _texts(entries: list[Entry]) -> list[str]:
+    return [e.message.text for e in entries]  # type: ignore[union-attr]
+
+
+async def test_s8_session_deleted_while_its_file_is_open(tmp_path: Path) -> None:
+    store, other = FileStore(tmp_path), FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_msg("one")])  # the store now keeps s open
+    await other.delete_session("s")
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("s", [_msg("into the deleted file")])
+    assert _names(tmp_path) == []
+    # Re-created under the same id: appends go to the new file, not the old one.
+    await other.create_session(SessionRecord(id="s", parent_id="p"))
+    await store.append_entries("s", [_msg("two")])
+    assert _texts(await other.load_entries("s")) == ["two"]
+    assert (await store.load_session("s")).parent_id == "p"
+    # Deleting through the same store closes its descriptor first.
+    await store.delete_session("s")
+    assert _open_files_under(tmp_path) == 0
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("s", [_msg("three")])
+
+
+async def test_s8_replaced_file_is_reopened_and_its_id_checked(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    for sid in ("s", "t"):
+        await store.create_session(SessionRecord(id=sid))
+        await store.append_entries(sid, [_msg(sid)])
+    path = tmp_path / "s.jsonl"
+    # Another session's file moved over s: refused, and left as it is.
+    os.replace(tmp_path / "t.jsonl", path)
+    moved = path.read_bytes()
+    with pytest.raises(CorruptLog) as info:
+        await store.append_entries("s", [_msg("x")])
+    assert (info.value.path, info.value.line) == (str(path), 1)
+    assert path.read_bytes() == moved
+    # A valid s file moved into place: appends go to it.
+    record = SessionRecord(id="s", parent_id="restored")
+    (tmp_path / "new").write_bytes(encode_init(record) + b"\n")
+    os.replace(tmp_path / "new", path)
+    await store.append_entries("s", [_msg("after restore")])
+    assert _texts(await store.load_entries("s")) == ["after restore"]
+    # s moved away: the store does not follow it.
+    os.rename(path, tmp_path / "elsewhere")
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("s", [_msg("y")])
+    assert (tmp_path / "elsewhere").read_bytes().endswith(b"after restore\"}]}}\n")
+
+
+async def test_s4_other_writers_between_appends_of_an_open_file(tmp_path: Path) -> None:
+    store, other = FileStore(tmp_path), FileStore(tmp_path, durability="flush")
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_msg("a1")])
+    await other.append_entries("s", [_msg("b1")])
+    _append_raw(tmp_path / "s.jsonl", b'{"type":"message","id":"torn by a')
+    await store.append_entries("s", [_msg("a2")])
+    await other.append_entries("s", [_msg("b2")])
+    await store.append_entries("s", [_msg("a3")])
+    log = await other.load_entries("s")
+    assert log.diagnostics == []
+    assert _texts(log) == ["a1", "b1", "a2", "b2", "a3"]
+    assert (tmp_path / "s.jsonl.torn-1").read_bytes() == b'{"type":"message","id":"torn by a'
+
+
+async def test_open_files_are_bounded_and_released_by_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_module, "_MAX_OPEN_FILES", 3)
+    store = FileStore(tmp_path)
+    for n in range(8):
+        await store.create_session(SessionRecord(id=f"s{n}"))
+        await store.append_entries(f"s{n}", [_msg(str(n))])
+        assert _open_files_under(tmp_path) == min(n + 1, 3)
+    await store.close()
+    assert _open_files_under(tmp_path) == 0
+    await store.append_entries("s0", [_msg("after close")])  # still usable
+    assert _texts(await store.load_entries("s0")) == ["0", "after close"]
+    await store.close()
+
+
+def _slow_fdatasync(
+    monkeypatch: pytest.MonkeyPatch, fail_on: int | None = None
+) -> tuple[list[int], threading.Event]:
+    """Make fdatasync slow, so appends queue up behind it.
+
+    Returns the file sizes it made durable, and an event set once the first
+    fdatasync has started.
+    """
+    real = os.fdatasync
+    synced: list[int] = []
+    started = threading.Event()
+
+    def slow(fd: int) -> None:
+        started.set()
+        time.sleep(0.1)
+        if len(synced) + 1 == fail_on:
+            synced.append(-1)
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+        synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    return synced, started
+
+
+async def _first_then_rest(first: Awaitable[None], rest: list[Awaitable[None]],
+                           started: threading.Event) -> list[object]:
+    """Run ``first`` until its sync has started, then ``rest`` behind it."""
+    head = asyncio.ensure_future(first)
+    await asyncio.to_thread(started.wait)
+    return await asyncio.gather(head, *rest, return_exceptions=True)
+
+
+async def test_s8_group_commit_keeps_each_call_whole_in_order_and_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    record = SessionRecord(id="s")
+    await store.create_session(record)
+    synced, started = _slow_fdatasync(monkeypatch)
+    batches = [[_msg(f"{n}.{k}") for k in range(1 + n % 3)] for n in range(20)]
+    durable_at_return: dict[int, int] = {}
+
+    async def append(n: int) -> None:
+        await store.append_entries("s", batches[n])
+        durable_at_return[n] = max(synced)
+
+    # Tasks start in list order, so this is the order the calls are made in.
+    results = await _first_then_rest(append(0), [append(n) for n in range(1, 20)], started)
+    assert results == [None] * 20
+    # The 19 calls made during the first one's sync went out in one write.
+    assert len(synced) == 2, synced
+    content = (tmp_path / "s.jsonl").read_bytes()
+    head = encode_init(record) + b"\n"
+    assert content == head + b"".join(encode_entries(b) for b in batches)
+    end = len(head)
+    for n, batch in enumerate(batches):
+        end += len(encode_entries(batch))
+        assert durable_at_return[n] >= end, f"call {n} returned before its lines were synced"
+
+
+@pytest.mark.parametrize("failure", ["write", "fdatasync"])
+async def test_s8_group_commit_failure_reaches_every_call_in_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    path = tmp_path / "s.jsonl"
+    synced, started = _slow_fdatasync(monkeypatch, fail_on=2 if failure == "fdatasync" else None)
+    real_write = os.write
+    sizes: list[int] = []
+
+    def write_fails_second_time(fd: int, data: bytes | memoryview) -> int:
+        sizes.append(os.fstat(fd).st_size)
+        if len(sizes) == 2:
+            real_write(fd, bytes(data[:10]))  # part of the group lands, then ENOSPC
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    if failure == "write":
+        monkeypatch.setattr(os, "write", write_fails_second_time)
+    results = await _first_then_rest(
+        store.append_entries("s", [_msg("0")]),
+        [store.append_entries("s", [_msg(str(n))]) for n in range(1, 6)],
+        started,
+    )
+    monkeypatch.undo()
+    assert results[0] is None  # the first call went alone, before the failure
+    expected = DurabilityError if failure == "fdatasync" else StoreError
+    assert all(type(r) is expected for r in results[1:]), results
+    assert len(synced) == (2 if failure == "fdatasync" else 1)
+    if failure == "write":
+        # All or nothing for the whole group; the handle is not poisoned.
+        assert path.stat().st_size == sizes[1]
+        await store.append_entries("s", [_msg("after")])
+        assert _texts(await store.load_entries("s")) == ["0", "after"]
+    else:
+        with pytest.raises(DurabilityError):  # never retried
+            await store.append_entries("s", [_msg("refused")])
+
+
+async def test_s8_a_cancelled_call_does_not_disturb_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    _, started = _slow_fdatasync(monkeypatch)
+    tasks = [asyncio.create_task(store.append_entries("s", [_msg(str(n))])) for n in range(4)]
+    await asyncio.to_thread(started.wait)  # all four have handed over their lines
+    tasks[2].cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r) for r in done] == [type(None)] * 2 + [asyncio.CancelledError, type(None)]
+    # Handed over before the cancel, so written (as with any write a caller
+    # stops waiting for); the file stays whole and the store keeps working.
+    await store.append_entries("s", [_msg("4")])
+    assert _texts(await store.load_entries("s")) == ["0", "1", "2", "3", "4"]
+
+
+def test_s4_one_store_shared_by_threads_with_their_own_event_loops(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    acknowledged: dict[int, list[str]] = {}
+
+    def writer(w: int) -> None:
+        async def run() -> None:
+            parent = None
+            for n in range(25):
+                entry = _msg(f"{w}.{n}", parent)
+                await store.append_entries("s", [entry])
+                acknowledged.setdefault(w, []).append(entry.id)
+                parent = entry.id
+
+        asyncio.run(run())
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check_concurrent_log(asyncio.run(store.load_entries("s")), list(acknowledged.values()))

@@ -11,7 +11,8 @@ of its UTF-8 bytes, or ``==`` plus its SHA-256 when that would be too long.
 Neither form can contain a path separator, and readable names never start
 with ``=``, so no id can leave the root and no two ids share a file, even on
 a case-insensitive or Unicode-normalising file system. The id stored in the
-first line is checked on every open.
+first line is checked whenever the store opens a file (for appends: when it
+opens the descriptor it keeps, see below).
 
 Writes:
 
@@ -38,14 +39,17 @@ The append path is built to cost little more than its ``write`` and
   lock is held, the file at the path must still be the descriptor's file
   (same device and inode; an open descriptor keeps its inode number from
   being reused). A session deleted or replaced since is reopened and checked
-  afresh, or reported missing.
+  afresh, or reported missing. (A file another process deleted keeps its
+  disk space while this store holds it open: until its next append to that
+  session, eviction, or ``close()``.)
 - Appends run on the store's own worker threads, not in the event loop. While
   a worker writes a session, further appends to it from this store queue up,
   and the next write takes all of them at once (group commit): each call's
   lines stay together and in call order, and each call returns only after
-  the ``fdatasync`` that covers its lines. If that write or sync fails, every
-  call in the group gets the error and none of their lines stays in the
-  file. Appends to different sessions run in parallel.
+  the ``fdatasync`` that covers its lines. Every call in a group gets the
+  group's outcome: a failed write is cut off again, so none of their lines
+  stays; a failed sync is a ``DurabilityError`` for each of them. Appends to
+  different sessions run in parallel.
 - A forked child drops the descriptors it inherited (they share the parent's
   locks) and starts its own workers. ``close()`` releases descriptors and
   threads early; the store stays usable afterwards.
@@ -65,9 +69,9 @@ raises ``CorruptLog`` with the file and line number.
 Blocking I/O runs on the store's worker threads so the event loop is not
 stalled by an fsync or a large read. The one exception is a small append with
 ``durability="flush"`` to a session no worker is writing: it is a few system
-calls with no fsync, cheaper than the thread hop, so it runs inline. The garbage collector is not
-paused while decoding: entry structs are not tracked by it, and pausing it
-measured no faster (``bench/store.py``).
+calls with no fsync, cheaper than the thread hop, so it runs inline. The
+garbage collector is not paused while decoding: entry structs are not tracked
+by it, and pausing it measured no faster (``bench/store.py``).
 """
 
 from __future__ import annotations
@@ -149,11 +153,12 @@ class _OpenLog(NamedTuple):
     fd: int
     dev: int
     ino: int
+    path: Path
 
-    def size_if_current(self, path: Path) -> int:
-        """The file's size if ``path`` still names it (not deleted or replaced), else -1."""
+    def size_if_current(self) -> int:
+        """The file's size if its path still names it (not deleted or replaced), else -1."""
         try:
-            st = os.stat(path)
+            st = os.stat(self.path)
         except FileNotFoundError:
             return -1
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
@@ -239,11 +244,11 @@ class FileStore:
         return log
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        path = self.path_for(session_id)
+        check_session_id(session_id)
         self._check_writable(session_id)
         data = encode_entries(entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, path, data)):
+                and self._write_inline(session_id, data)):
             return
         waiter = _Waiter(data, asyncio.get_running_loop())
         with self._lock:
@@ -252,7 +257,7 @@ class FileStore:
                 queue.append(waiter)
             else:
                 self._queues[session_id] = [waiter]
-                self._pool().submit(self._drain, session_id, path)
+                self._pool().submit(self._drain, session_id)
         await waiter.future
 
     # -- beyond the contract --------------------------------------------------
@@ -378,25 +383,25 @@ class FileStore:
             self._executor = ThreadPoolExecutor(thread_name_prefix="threadline-file")
         return self._executor
 
-    def _drain(self, session_id: str, path: Path) -> None:
+    def _drain(self, session_id: str) -> None:
         """Worker: write the session's queued appends, all waiting ones in each write."""
         with self._lock:
-            group, log = self._next_group(session_id, path, None)
+            group, log = self._next_group(session_id, None)
         while group:
             error: BaseException | None = None
             try:
-                log = self._write(session_id, path, log, b"".join(w.data for w in group))
+                log = self._write(session_id, log, b"".join(w.data for w in group))
             except Exception as exc:
                 error, log = exc, None
             with self._lock:
-                done, (group, log) = group, self._next_group(session_id, path, log)
+                done, (group, log) = group, self._next_group(session_id, log)
             # Waking callers last: the woken event loop then does not wait for
             # this thread to let go of the GIL.
             for waiter in done:
                 waiter.settle(error)
 
     def _next_group(
-        self, session_id: str, path: Path, log: _OpenLog | None, *, inline: bool = False
+        self, session_id: str, log: _OpenLog | None, *, inline: bool = False
     ) -> tuple[list[_Waiter], _OpenLog | None]:
         """Cache ``log``; take the appends queued for the session, and its open file.
 
@@ -412,12 +417,12 @@ class FileStore:
             del self._queues[session_id]
             return [], None
         if inline:
-            self._pool().submit(self._drain, session_id, path)
+            self._pool().submit(self._drain, session_id)
             return [], None
         self._queues[session_id] = []
         return group, self._logs.pop(session_id, None)
 
-    def _write_inline(self, session_id: str, path: Path, data: bytes) -> bool:
+    def _write_inline(self, session_id: str, data: bytes) -> bool:
         """Append in the caller's thread, unless a writer is busy with the session.
 
         Without fsync a small append is a few microseconds of system calls,
@@ -431,10 +436,10 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, path, log, data)
+            kept = self._write(session_id, log, data)
         finally:
             with self._lock:
-                self._next_group(session_id, path, kept, inline=True)
+                self._next_group(session_id, kept, inline=True)
         return True
 
     def _open_log(self, session_id: str, path: Path) -> _OpenLog:
@@ -447,22 +452,21 @@ class FileStore:
         except BaseException:
             os.close(fd)
             raise
-        return _OpenLog(fd, st.st_dev, st.st_ino)
+        return _OpenLog(fd, st.st_dev, st.st_ino, path)
 
-    def _write(
-        self, session_id: str, path: Path, log: _OpenLog | None, data: bytes
-    ) -> _OpenLog:
+    def _write(self, session_id: str, log: _OpenLog | None, data: bytes) -> _OpenLog:
         """Append ``data`` under the file lock; return the file, still open.
 
         ``log`` is a file this store opened before, or None. On error it is closed.
         """
         try:
             self._check_writable(session_id)
+            path = self.path_for(session_id) if log is None else log.path
             while True:
                 if log is None:
                     log = self._open_log(session_id, path)
                 fcntl.flock(log.fd, fcntl.LOCK_EX)
-                size = log.size_if_current(path)
+                size = log.size_if_current()
                 if size >= 0:
                     break
                 # Deleted or replaced since we opened it: use what is at the
@@ -596,8 +600,8 @@ class FileStore:
             if os.fstat(fd).st_nlink == 0:
                 raise SessionNotFound(session_id, str(self.root))
             self._read_record(fd, session_id, path)
-            # Unlinking under the lock: an appender that opened the file
-            # earlier sees st_nlink == 0 once it gets the lock, and fails.
+            # Unlinking under the lock: an appender holding the file open
+            # finds, once it gets the lock, that the path no longer names it.
             os.unlink(path)
             for aside in self.root.glob(f"{glob_escape(path.name)}.torn-*"):
                 aside.unlink(missing_ok=True)
