@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from threadline.testing.faults import FaultyStore
+from threadline.testing.grammar import assert_event_order, assert_stream_order
 from threadline.testing.scripted import (
     Call,
     Delay,
@@ -37,6 +38,8 @@ __all__ = [
     "Text",
     "Thinking",
     "Turn",
+    "assert_event_order",
+    "assert_stream_order",
     "assert_valid_for_providers",
     "sample_entries",
 ]
