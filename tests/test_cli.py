@@ -142,9 +142,37 @@ def test_bad_input_prints_one_line_not_a_traceback(
     assert proc.stderr.startswith("error:") and needle in proc.stderr
 
 
+def test_fork_of_a_missing_session_fails_and_creates_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "sessions"
+    proc = tl("--store", str(store), "fork", "no-such", "--id", "child", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error:") and "no-such" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(store.glob("*.jsonl")) == []
+
+
+def test_check_reports_a_missing_session_and_checks_the_rest(tmp_path: Path) -> None:
+    import asyncio
+
+    asyncio.run(FileStore(tmp_path).create_session(SessionRecord(id="here")))
+    proc = tl("--store", str(tmp_path), "check", "gone", "here", check=False)
+    assert proc.returncode == 1
+    assert "gone" in proc.stdout and "not found" in proc.stdout
+    assert "✓ here" in proc.stdout
+
+
 def test_init_line_written_by_store_matches_codec(tmp_path: Path) -> None:
     import asyncio
 
     record = SessionRecord(id="abc")
     asyncio.run(FileStore(tmp_path).create_session(record))
     assert (tmp_path / "abc.jsonl").read_bytes().splitlines()[0] == encode_init(record)
+
+
+def test_list_survives_a_corrupt_session(store_dir: Path) -> None:
+    victim = next(store_dir.glob("*-fork.jsonl"))
+    lines = victim.read_bytes().splitlines(keepends=True)
+    lines[1] = b"not json\n"
+    victim.write_bytes(b"".join(lines))
+    listed = tl("--store", str(store_dir), "list").stdout
+    assert "corrupt" in listed and victim.stem in listed

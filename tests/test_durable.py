@@ -421,6 +421,45 @@ async def test_s5_agent_holds_only_transcript_state(backend: Backend) -> None:
     assert fresh.messages() == agent.messages()
 
 
+class _HeldCreate:
+    """Passes through to ``inner``; ``create_session`` waits until ``release`` is set."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def create_session(self, record: SessionRecord) -> None:
+        self.entered.set()
+        await self.release.wait()
+        await self.inner.create_session(record)
+
+    async def load_entries(self, session_id: str) -> list[Entry]:
+        return await self.inner.load_entries(session_id)
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        await self.inner.append_entries(session_id, entries)
+
+
+async def test_compact_checks_the_path_it_appends_to_not_the_one_it_was_called_on(
+    store: Store,
+) -> None:
+    await store.create_session(SessionRecord(id="race"))
+    held = _HeldCreate(store)
+    agent = await durable.open(None, store=held, session_id="race")
+    first, kept = await agent.append(UserMessage.of("a"), UserMessage.of("b"))
+    fork = asyncio.create_task(agent.fork("race-child"))  # holds the session while held
+    await held.entered.wait()
+    compact = asyncio.create_task(agent.compact("s", kept.id))  # waits for the fork
+    await asyncio.sleep(0)
+    agent.branch(first.id)  # ``kept`` is now off the active path
+    held.release.set()
+    await fork
+    with pytest.raises(AgentError, match="not on the active path"):
+        await compact
+    assert [e.id for e in await store.load_entries("race")] == [first.id, kept.id]
+
+
 async def test_s5_session_record_carries_no_application_metadata(store: Store) -> None:
     assert set(SessionRecord.__struct_fields__) == {"id", "parent_id", "created_at"}
     agent = await durable.open(None, store=store)
@@ -617,6 +656,15 @@ async def test_s10_fork_with_explicit_id(store: Store) -> None:
     await agent.append(UserMessage.of("x"))
     child = await agent.fork("dst")
     assert child.session_id == "dst" and child.messages() == [UserMessage.of("x")]
+
+
+async def test_s10_fork_with_empty_id_is_refused_and_creates_nothing(store: Store) -> None:
+    agent = await durable.open(None, store=store, session_id="src")
+    await agent.append(UserMessage.of("x"))
+    with pytest.raises(AgentError, match="non-empty"):
+        await agent.fork("")
+    assert isinstance(store, ManagedStore)
+    assert [r.id for r in (await store.list_sessions()).sessions] == ["src"]
 
 
 @pytest.mark.parametrize("fault", ["create", "append-before", "append-after"])

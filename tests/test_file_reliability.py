@@ -225,6 +225,11 @@ DAMAGE = {
     "blank": b"",
     "bad_utf8": (b'{"type":"message","id":"01","message":{"role":"user",'
                  b'"content":[{"type":"text","text":"\xff\xfe"}]}}'),
+    # Valid JSON missing a header field: the store must not invent one.
+    "no_id": (b'{"type":"message","timestamp":"2024-01-01T00:00:00Z","message":'
+              b'{"role":"user","content":[{"type":"text","text":"x"}]}}'),
+    "no_timestamp": (b'{"type":"message","id":"01","message":'
+                     b'{"role":"user","content":[{"type":"text","text":"x"}]}}'),
 }
 
 

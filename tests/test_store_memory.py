@@ -63,3 +63,17 @@ async def test_faulty_store_after_mode_stores_then_raises_the_given_error() -> N
     with pytest.raises(DurabilityError):
         await store.load_entries("s")
     assert len(await store.load_entries("s")) == 1
+
+
+async def test_repeated_entry_id_is_refused_like_the_sql_stores() -> None:
+    store = MemoryStore()
+    await store.create_session(SessionRecord(id="s"))
+    first = _msg("a")
+    await store.append_entries("s", [first])
+    for batch in ([first], [_msg("b"), first], [(twice := _msg("c")), twice]):
+        with pytest.raises(StoreError, match="'s' repeats an entry id"):
+            await store.append_entries("s", batch)
+    assert await store.load_entries("s") == [first]
+    await store.delete_session("s")
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [first])  # a deleted session's ids are forgotten

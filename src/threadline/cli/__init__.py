@@ -19,7 +19,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from threadline.errors import ThreadlineError
+from threadline.errors import CorruptLog, ThreadlineError
 
 __all__ = ["main"]
 
@@ -84,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        # The reader went away (``threadline export ... | head``): not an error.
+        # Point stdout at /dev/null so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
 
 
 async def _dispatch(args: argparse.Namespace, console: Console) -> None:
@@ -116,9 +121,12 @@ async def _list(store: object, args: argparse.Namespace, console: Console) -> No
     page = await store.list_sessions(limit=args.limit)
     table = Table("session", "parent", "created", "entries")
     for record in page.sessions:
-        entries = await store.load_entries(record.id)
+        try:
+            count = str(len(await store.load_entries(record.id)))
+        except CorruptLog:
+            count = "corrupt (see threadline check)"
         table.add_row(record.id, record.parent_id or "", f"{record.created_at:%Y-%m-%d %H:%M:%S}",
-                      str(len(entries)))
+                      count)
     console.print(table)
     if page.next_cursor:
         console.print(f"(more than {args.limit}; use --limit)")
@@ -171,10 +179,9 @@ async def _fork(store: object, args: argparse.Namespace, console: Console) -> No
     from threadline.session.store import Store
 
     assert isinstance(store, Store)
-    agent = await durable.open(None, store=store, session_id=args.session, repair=False)
-    if not agent.entries:
-        # open() would have created it: refuse to fork what did not exist
-        console.print(f"session {args.session!r} was empty; forked anyway")
+    # Loading first: open() would create a session that does not exist.
+    entries = await store.load_entries(args.session)
+    agent = durable.DurableAgent(None, store=store, session_id=args.session, entries=entries)
     child = await agent.fork(args.id)
     console.print(f"forked {args.session} -> {child.session_id} "
                   f"({len(child.entries)} entries)")
@@ -182,7 +189,7 @@ async def _fork(store: object, args: argparse.Namespace, console: Console) -> No
 
 async def _check(store: object, args: argparse.Namespace, console: Console) -> None:
     from threadline.durable.repair import orphaned_results
-    from threadline.errors import CorruptLog
+    from threadline.errors import CorruptLog, SessionNotFound
     from threadline.session.store import ManagedStore
     from threadline.session.tree import TreeIndex
 
@@ -200,7 +207,7 @@ async def _check(store: object, args: argparse.Namespace, console: Console) -> N
     for sid in ids:
         try:
             entries = await store.load_entries(sid)
-        except CorruptLog as exc:
+        except (CorruptLog, SessionNotFound) as exc:  # report it, check the rest
             problems += 1
             console.print(f"[red]✗[/] {sid}: {exc}")
             continue

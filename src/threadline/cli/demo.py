@@ -161,9 +161,9 @@ async def run_demo(root: Path, console: Console) -> None:
 
     console.print()
     for sid in (session_id, child.session_id):
-        path = store.path_for(sid)
-        console.print(f"  {path}  ({path.stat().st_size:,} bytes, "
-                      f"{sum(1 for _ in path.open('rb'))} lines)")
+        data = store.path_for(sid).read_bytes()
+        console.print(f"  {store.path_for(sid)}  ({len(data):,} bytes, "
+                      f"{len(data.splitlines())} lines)")
     console.print(f"\n  Look inside: [bold]head -3 {store.path_for(session_id)}[/]")
 
 

@@ -88,10 +88,7 @@ async def open(
     is over the policy's threshold.
     """
     created = False
-    if session_id is None:
-        session_id = new_id()
-    if not isinstance(session_id, str) or not session_id:
-        raise AgentError(f"session id must be a non-empty string, got {session_id!r}")
+    session_id = new_id() if session_id is None else _checked_id(session_id)
     try:
         entries = await store.load_entries(session_id)
     except SessionNotFound:
@@ -230,7 +227,7 @@ class DurableAgent:
         copies; all are written in one ``append_entries`` call. On error no
         event is published (a child record may exist without entries).
         """
-        child_id = session_id or new_id()
+        child_id = new_id() if session_id is None else _checked_id(session_id)
         self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
@@ -267,16 +264,16 @@ class DurableAgent:
         From then on the model sees ``summary`` followed by the path from
         ``first_kept_entry_id`` on; the entries before it stay stored.
         """
-        path_ids = {e.id for e in self._tree.path()}
-        if first_kept_entry_id not in path_ids:
-            raise AgentError(
-                f"first kept entry {first_kept_entry_id!r} is not on the active path of "
-                f"session {self._session_id!r}"
-            )
         entry = CompactionEntry(summary=summary, first_kept_entry_id=first_kept_entry_id,
                                 tokens_before=tokens_before, details=details)
         self._check_not_inside_run("compact")
         async with self._lock:
+            # Checked under the lock: while waiting for it, the leaf may have moved.
+            if all(e.id != first_kept_entry_id for e in self._tree.path()):
+                raise AgentError(
+                    f"first kept entry {first_kept_entry_id!r} is not on the active path of "
+                    f"session {self._session_id!r}"
+                )
             (stored,) = await self._append([entry])
         assert isinstance(stored, CompactionEntry)
         self._publish([SessionCompacted(session_id=self._session_id, entry=stored)], stored)
@@ -572,6 +569,12 @@ def _as_messages(input: RunInput) -> list[Message]:
         if not isinstance(m, _MESSAGE_TYPES):
             raise AgentError(f"run input must be a string or messages, got {type(m).__name__}")
     return messages
+
+
+def _checked_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not session_id:
+        raise AgentError(f"session id must be a non-empty string, got {session_id!r}")
+    return session_id
 
 
 def _to_entry(item: Message | Entry, parent: str | None) -> Entry:

@@ -104,7 +104,13 @@ from threadline.errors import (
 )
 from threadline.session.codec import _entry_decoder, decode_entry, decode_init, encode_entries
 from threadline.session.codec import encode_init as _encode_init
-from threadline.session.entries import CustomEntry, Entry, SessionRecord
+from threadline.session.entries import (
+    _MISSING_TIMESTAMP,
+    CustomEntry,
+    Entry,
+    SessionRecord,
+    _decoding,
+)
 from threadline.session.memory import check_session_id, page_records
 from threadline.session.store import EntryLog, SessionPage
 
@@ -411,7 +417,10 @@ class FileStore:
         if log is not None:
             self._logs[session_id] = log
             if len(self._logs) > _MAX_OPEN_FILES:
-                os.close(self._logs.pop(next(iter(self._logs))).fd)
+                # A failed close of an evicted, fully synced file loses nothing;
+                # raising here would kill the worker and strand queued appends.
+                with contextlib.suppress(OSError):
+                    os.close(self._logs.pop(next(iter(self._logs))).fd)
         group = self._queues[session_id]
         if not group:
             del self._queues[session_id]
@@ -639,6 +648,7 @@ def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path)
     fails, decoding line by line finds the bad line's number and turns entry
     types this version does not know into opaque entries.
     """
+    _decoding.active = True  # a line missing its id or timestamp must not get a new one
     try:
         entries: list[Any] = _entry_decoder.decode_lines(memoryview(data)[start:end])
     except msgspec.DecodeError:
@@ -648,6 +658,8 @@ def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path)
         # count mismatch means damage that the slow path will name.
         if len(entries) == data.count(b"\n", start, end):
             for i, entry in enumerate(entries):
+                if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
+                    break  # a header without id or timestamp: the slow path names the line
                 # The codec gives registered kinds their class, and copies an
                 # unregistered kind's raw bytes out of the whole file's buffer.
                 if type(entry) is CustomEntry:
@@ -655,7 +667,10 @@ def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path)
                         msgspec.json.encode(entry), session_id=session_id,
                         path=str(path), lineno=i + 2,
                     )
-            return entries
+            else:
+                return entries
+    finally:
+        _decoding.active = False
     return [
         decode_entry(line, session_id=session_id, path=str(path), lineno=n)
         for n, line in enumerate(data[start:end].split(b"\n")[:-1], start=2)

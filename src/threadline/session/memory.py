@@ -16,7 +16,13 @@ import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from threadline.errors import ConfigError, InvalidSessionId, SessionExists, SessionNotFound
+from threadline.errors import (
+    ConfigError,
+    InvalidSessionId,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+)
 from threadline.session.codec import decode_entry, encode_entry
 from threadline.session.entries import Entry, SessionRecord
 from threadline.session.store import EntryLog, SessionPage, decode_cursor, encode_cursor
@@ -31,6 +37,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._records: dict[str, SessionRecord] = {}
         self._logs: dict[str, list[bytes]] = {}
+        self._ids: dict[str, set[str]] = {}
 
     async def create_session(self, record: SessionRecord) -> None:
         check_session_id(record.id)
@@ -39,6 +46,7 @@ class MemoryStore:
                 raise SessionExists(record.id, "memory store")
             self._records[record.id] = record
             self._logs[record.id] = []
+            self._ids[record.id] = set()
 
     async def load_entries(self, session_id: str) -> EntryLog:
         with self._lock:
@@ -52,11 +60,18 @@ class MemoryStore:
         # Encode before taking the lock: an entry that cannot be encoded leaves
         # the log untouched (all or nothing).
         lines = [encode_entry(entry) for entry in entries]
+        new_ids = {entry.id for entry in entries}
         with self._lock:
             log = self._logs.get(session_id)
             if log is None:
                 raise SessionNotFound(session_id, "memory store")
+            ids = self._ids[session_id]
+            if len(new_ids) < len(entries) or not ids.isdisjoint(new_ids):
+                raise StoreError(
+                    f"memory store: append to session {session_id!r} repeats an entry id "
+                    f"already in the session; nothing was appended", session_id=session_id)
             log.extend(lines)
+            ids |= new_ids
 
     async def load_session(self, session_id: str) -> SessionRecord:
         with self._lock:
@@ -75,6 +90,7 @@ class MemoryStore:
             if self._records.pop(session_id, None) is None:
                 raise SessionNotFound(session_id, "memory store")
             del self._logs[session_id]
+            del self._ids[session_id]
 
     async def close(self) -> None:
         """Nothing to release; the data stays readable until the object is dropped."""

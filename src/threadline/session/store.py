@@ -5,6 +5,13 @@ session's existence and lineage once; ``load_entries`` and ``append_entries``
 manage its append-only log. Entries come back in append order; the tree is
 rebuilt from parent pointers, and the leaf after loading is the last entry.
 
+Entry ids are unique within a session. An append that repeats an id already
+in the session, or repeats one within itself, may be refused with
+``StoreError``, appending nothing: the memory, SQLite and PostgreSQL stores
+refuse it. A store that cannot check without reading its whole log may append
+it (the file store does); readers then keep the first entry with that id
+(``TreeIndex`` counts the repeats in ``duplicates``).
+
 The built-in stores add ``load_session``, ``list_sessions`` and
 ``delete_session`` (see ``ManagedStore``); a custom store need not.
 """

@@ -66,7 +66,7 @@ from threadline.ai.messages import (
     Usage,
     UserMessage,
 )
-from threadline.errors import SessionExists, SessionNotFound
+from threadline.errors import SessionExists, SessionNotFound, StoreError
 from threadline.session.codec import decode_entry, encode_entry
 from threadline.session.entries import (
     BranchSummaryEntry,
@@ -81,6 +81,7 @@ from threadline.session.entries import (
 )
 from threadline.session.ids import new_id
 from threadline.session.store import Store
+from threadline.session.tree import TreeIndex
 
 __all__ = [
     "ConformanceNote",
@@ -431,6 +432,29 @@ class StoreConformance:
             await store.append_entries("conf-missing", [_chain_entry(None, 0, 0)])
         with pytest.raises(SessionNotFound):
             await store.load_entries("conf-missing")
+
+    async def test_s8_repeated_entry_id_is_refused_whole_or_kept_after(
+        self, store: Store
+    ) -> None:
+        # The Store docstring: refuse the whole append with StoreError, or
+        # append it; earlier entries never change and readers keep the first.
+        sid = await self.new_session(store)
+        first = _chain_entry(None, 0, 0)
+        await store.append_entries(sid, [first])
+        repeat = msgspec.structs.replace(first, message=UserMessage.of("a second version"))
+        for batch in ([repeat], [_chain_entry(first.id, 0, 1), repeat]):
+            before = [encode_entry(e) for e in await store.load_entries(sid)]
+            try:
+                await store.append_entries(sid, batch)
+            except StoreError as exc:
+                assert exc.session_id == sid and sid in str(exc)
+                after = [encode_entry(e) for e in await store.load_entries(sid)]
+                assert after == before
+            else:
+                after = [encode_entry(e) for e in await store.load_entries(sid)]
+                assert after == before + [encode_entry(e) for e in batch]
+        loaded = await store.load_entries(sid)
+        assert TreeIndex(loaded).get(first.id) == first
 
     # -- lineage (S6) ---------------------------------------------------------
 
