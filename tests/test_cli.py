@@ -176,3 +176,37 @@ def test_list_survives_a_corrupt_session(store_dir: Path) -> None:
     victim.write_bytes(b"".join(lines))
     listed = tl("--store", str(store_dir), "list").stdout
     assert "corrupt" in listed and victim.stem in listed
+
+
+async def test_chat_talks_to_a_real_http_server_and_resumes(tmp_path: Path) -> None:
+    """`threadline chat` end to end: the openai SDK against the local wire server."""
+    import asyncio
+
+    from wire_server import WireServer, sse_data, sse_reply
+
+    def reply(text: str) -> object:
+        base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        return sse_reply(sse_data([
+            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                  "finish_reason": None}]},
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]))
+
+    async with WireServer() as server:
+        server.reply(reply("Hello from the server."), reply("Still here."))  # type: ignore[arg-type]
+        env = dict(os.environ, OPENAI_API_KEY="test-key", OPENAI_BASE_URL=f"{server.url}/v1",
+                   NO_COLOR="1", COLUMNS="200")
+        for line in ("hi", "again"):
+            proc = await asyncio.create_subprocess_exec(
+                *CLI, "--store", str(tmp_path), "chat", "c-1", "--model", "openai:gpt-test",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env)
+            out, err = await asyncio.wait_for(proc.communicate(f"{line}\n\n".encode()), 60)
+            assert proc.returncode == 0, err.decode()
+        assert b"Still here." in out
+    # The second process resumed the session: the model saw the first exchange.
+    second = server.received[1].body["messages"]
+    assert [m["role"] for m in second] == ["user", "assistant", "user"]
+    assert second[1]["content"] == "Hello from the server."
+    lines = (tmp_path / "c-1.jsonl").read_bytes().splitlines()
+    assert len(lines) == 1 + 4
