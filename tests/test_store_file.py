@@ -45,6 +45,9 @@ class TestFileStoreFlush(StoreConformance):
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions", durability="flush")
 
+    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
+        return functools.partial(FileStore, str(tmp_path / "sessions"), durability="flush")
+
 
 def _names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir())
