@@ -59,8 +59,8 @@ _FINISH: dict[str, StopReason] = {
 }
 
 
-class OpenAIChatModel(SDKModel):
-    """A LanguageModel speaking the Chat Completions API."""
+class OpenAIClientModel(SDKModel):
+    """An ``SDKModel`` on the official ``openai`` async client (both OpenAI APIs)."""
 
     def __init__(
         self,
@@ -77,6 +77,10 @@ class OpenAIChatModel(SDKModel):
             default_headers=headers,
             timeout=openai.NOT_GIVEN if timeout is None else timeout,
         ))
+
+
+class OpenAIChatModel(OpenAIClientModel):
+    """A LanguageModel speaking the Chat Completions API."""
 
     API = API
 

@@ -27,25 +27,16 @@ from threadline.ai.messages import (
 )
 from threadline.ai.model import ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
-    DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,
     Builder,
-    SDKModel,
     classify,
     data_url,
     normalize_id,
     same_model,
     thinking_as_text,
 )
-from threadline.ai.providers.openai_chat import translate_openai_error
-from threadline.errors import ConfigError, ModelError, TransientProviderError
-
-try:
-    import openai
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigError(
-        "the OpenAI providers need the openai package: pip install 'threadline[openai]'"
-    ) from exc
+from threadline.ai.providers.openai_chat import OpenAIClientModel, translate_openai_error
+from threadline.errors import ModelError, TransientProviderError
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -53,24 +44,8 @@ API = "openai-responses"
 MAX_ID_LEN = 64
 
 
-class OpenAIResponsesModel(SDKModel):
+class OpenAIResponsesModel(OpenAIClientModel):
     """A LanguageModel speaking the Responses API."""
-
-    def __init__(
-        self,
-        info: ModelInfo,
-        *,
-        api_key: str,
-        base_url: str | None = None,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        timeout: float | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(info, openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=max_retries,
-            default_headers=headers,
-            timeout=openai.NOT_GIVEN if timeout is None else timeout,
-        ))
 
     API = API
 
