@@ -47,7 +47,7 @@ from threadline import durable
 from threadline.agent import AgentLoop
 from threadline.ai import ToolResult, UserMessage, tool
 from threadline.session import FileStore, MemoryStore, encode_entry
-from threadline.session.store import Store
+from threadline.session._store import Store
 from threadline.testing import Call, ScriptedModel, Text, Turn
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durable.json"

@@ -339,10 +339,10 @@ class AgentsAdapter(Adapter):
 
 
 THREADLINE_STORES = {
-    "memory": ("threadline.session.memory", "threadline MemoryStore"),
-    "file": ("threadline.session.file", "threadline FileStore, fsync"),
-    "sqlite": ("threadline.session.sqlite", "threadline SQLiteStore, synchronous=FULL"),
-    "postgres": ("threadline.session.postgres", "threadline PostgresStore"),
+    "memory": ("threadline.session._memory", "threadline MemoryStore"),
+    "file": ("threadline.session._file", "threadline FileStore, fsync"),
+    "sqlite": ("threadline.session._sqlite", "threadline SQLiteStore, synchronous=FULL"),
+    "postgres": ("threadline.session._postgres", "threadline PostgresStore"),
 }
 
 

@@ -53,7 +53,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from threadline.ai.messages import AssistantMessage, TextPart, ToolCall, UserMessage
+from threadline.ai._messages import AssistantMessage, TextPart, ToolCall, UserMessage
 from threadline.session import (
     FileStore,
     MessageEntry,
@@ -62,8 +62,8 @@ from threadline.session import (
     SQLiteStore,
     Store,
 )
-from threadline.session.codec import encode_entry
-from threadline.session.sqlite import _BUSY_SLICE
+from threadline.session._codec import encode_entry
+from threadline.session._sqlite import _BUSY_SLICE
 
 PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 RESULTS = Path(__file__).parent / "results" / "sql_stores.json"

@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
@@ -54,7 +54,7 @@ from threadline.ai.messages import (
     UserMessage,
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord
-from threadline.session.codec import _WireEntry, encode_entries
+from threadline.session._codec import _WireEntry, encode_entries
 
 RESULTS = Path(__file__).parent / "results" / "store.json"
 WORDS = [

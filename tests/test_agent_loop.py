@@ -1,7 +1,7 @@
 """The agent loop (``threadline.agent.AgentLoop``) and the scripted model.
 
 Every run goes through ``check_order``, which asserts the event grammar stated
-in ``threadline/agent/events.py``. Concurrency is proven with barriers (two
+in ``threadline/agent/_events.py``. Concurrency is proven with barriers (two
 tools that each wait for the other), never with timings; ``asyncio.timeout``
 only turns a deadlock into a failure instead of a hang.
 """
@@ -54,7 +54,7 @@ from threadline.ai import (
 )
 from threadline.errors import AgentError, ConfigError, ModelError, RateLimitError, ToolError
 from threadline.testing import Call, Delay, Fail, Gate, ScriptedModel, Text, Thinking, Turn
-from threadline.testing.grammar import assert_event_order, assert_stream_order
+from threadline.testing._grammar import assert_event_order, assert_stream_order
 
 # --------------------------------------------------------------------------- grammar
 

@@ -12,7 +12,7 @@ import pytest
 
 from threadline.ai import ToolResultMessage
 from threadline.session import FileStore, MessageEntry, SessionRecord, decode_entry
-from threadline.session.codec import encode_init
+from threadline.session._codec import encode_init
 
 CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     TextPart,
@@ -25,7 +25,7 @@ from threadline.ai.messages import (
     UserMessage,
 )
 from threadline.errors import ConfigError, CorruptLog
-from threadline.session.codec import (
+from threadline.session._codec import (
     SessionInit,
     decode_entry,
     decode_init,
@@ -33,7 +33,7 @@ from threadline.session.codec import (
     encode_entry,
     encode_init,
 )
-from threadline.session.entries import (
+from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,

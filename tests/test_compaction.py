@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from threadline import durable
-from threadline.agent.events import AgentEnd
-from threadline.ai.messages import (
+from threadline.agent._events import AgentEnd
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     Message,
@@ -34,7 +34,7 @@ from threadline.ai.messages import (
     Usage,
     UserMessage,
 )
-from threadline.ai.model import ModelInfo
+from threadline.ai._model import ModelInfo
 from threadline.durable import (
     CompactionPolicy,
     DurableAgent,
@@ -48,7 +48,7 @@ from threadline.durable import (
     plan_compaction,
     summarize,
 )
-from threadline.durable.compaction import (
+from threadline.durable._compaction import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
     SUMMARY_SYSTEM_PROMPT,
@@ -67,7 +67,7 @@ from threadline.session import (
     Store,
     build_context,
 )
-from threadline.session.context import BRANCH_SUMMARY_PREFIX, COMPACTION_PREFIX
+from threadline.session._context import BRANCH_SUMMARY_PREFIX, COMPACTION_PREFIX
 from threadline.testing import ScriptedModel, Turn, assert_valid_for_providers
 
 TS = datetime(2025, 1, 1, tzinfo=UTC)

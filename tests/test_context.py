@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
@@ -18,15 +18,15 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.session.codec import decode_entry
-from threadline.session.context import (
+from threadline.session._codec import decode_entry
+from threadline.session._context import (
     BRANCH_SUMMARY_PREFIX,
     COMPACTION_PREFIX,
     build_context,
     interrupted_result,
     normalize_tool_pairs,
 )
-from threadline.session.entries import (
+from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
     CustomEntry,

@@ -21,8 +21,8 @@ import msgspec
 import pytest
 
 from threadline import durable
-from threadline.agent.events import AgentEnd, MessageEnd, MessageUpdate
-from threadline.ai.messages import (
+from threadline.agent._events import AgentEnd, MessageEnd, MessageUpdate
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
@@ -30,8 +30,8 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import TextDelta, TextEnd
-from threadline.ai.tools import tool
+from threadline.ai._model import TextDelta, TextEnd
+from threadline.ai._tools import tool
 from threadline.durable import (
     DurableAgent,
     LifecycleEvent,
@@ -65,7 +65,7 @@ from threadline.session import (
     build_context,
     register_custom,
 )
-from threadline.session.codec import decode_entry, encode_entry
+from threadline.session._codec import decode_entry, encode_entry
 from threadline.testing import (
     Call,
     Delay,

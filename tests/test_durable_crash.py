@@ -38,10 +38,10 @@ import msgspec
 import pytest
 
 from threadline import durable
-from threadline.ai.messages import ToolResultMessage, UserMessage
-from threadline.ai.tools import tool
+from threadline.ai._messages import ToolResultMessage, UserMessage
+from threadline.ai._tools import tool
 from threadline.durable import RunStarted, StoredMessageEnd
-from threadline.durable.repair import orphaned_results
+from threadline.durable._repair import orphaned_results
 from threadline.errors import SessionNotFound
 from threadline.session import Entry, MessageEntry, TreeIndex, build_context
 from threadline.stores import open_store

@@ -25,13 +25,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from threadline.ai.messages import TextPart, ToolResultMessage, UserMessage
+from threadline.ai._messages import TextPart, ToolResultMessage, UserMessage
 from threadline.errors import CorruptLog
 from threadline.session import FileStore, MessageEntry, SessionRecord
-from threadline.session.codec import encode_entries, encode_entry, encode_init
-from threadline.session.entries import Entry
-from threadline.session.file import session_file_name
-from threadline.testing.conformance import _process_append, check_concurrent_log
+from threadline.session._codec import encode_entries, encode_entry, encode_init
+from threadline.session._entries import Entry
+from threadline.session._file import session_file_name
+from threadline.testing._conformance import _process_append, check_concurrent_log
 
 # forkserver: a clean parent forks the workers, so they do not copy this
 # process's threads and event loops.

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from threadline.session import ids
-from threadline.session.ids import new_id
+from threadline.session import _ids as ids
+from threadline.session._ids import new_id
 
 
 def _ms(entry_id: str) -> int:

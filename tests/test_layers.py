@@ -30,7 +30,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 
 def _part(module: str) -> str:
-    """``threadline.session.file`` -> ``session``; ``threadline`` -> ``__init__``."""
+    """``threadline.session._file`` -> ``session``; ``threadline`` -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -95,13 +95,13 @@ def test_the_check_catches_upward_imports_of_every_form() -> None:
         "from threadline import durable",
         "from ..durable import agent",
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from threadline import durable",
-        "def late():\n    from threadline.durable.agent import DurableAgent",
+        "def late():\n    from threadline.durable._agent import DurableAgent",
     ]
     for source in sources:
-        assert upward_imports(source, "threadline.session.tree"), source
-    assert upward_imports("from threadline.session import tree", "threadline.agent.loop")
-    assert not upward_imports("from threadline.ai import messages", "threadline.session.tree")
-    assert not upward_imports("from . import tree", "threadline.session.context")
-    assert not upward_imports("from threadline import ThreadlineError", "threadline.ai.model")
+        assert upward_imports(source, "threadline.session._tree"), source
+    assert upward_imports("from threadline.session import tree", "threadline.agent._loop")
+    assert not upward_imports("from threadline.ai import messages", "threadline.session._tree")
+    assert not upward_imports("from . import tree", "threadline.session._context")
+    assert not upward_imports("from threadline import ThreadlineError", "threadline.ai._model")
     assert not upward_imports("from .file import FileStore", "threadline.session",
                               is_package=True)

@@ -28,7 +28,7 @@ from threadline.ai import (
     ToolSpec,
     UserMessage,
 )
-from threadline.ai.providers.anthropic import AnthropicModel, to_anthropic_messages
+from threadline.ai.providers._anthropic import AnthropicModel, to_anthropic_messages
 from threadline.errors import (
     AuthenticationError,
     ContextOverflowError,

@@ -30,8 +30,8 @@ from threadline.ai import (
     UserMessage,
 )
 from threadline.ai.providers._common import INVALID_ARGUMENTS_KEY
-from threadline.ai.providers.openai_chat import OpenAIChatModel, to_chat_messages
-from threadline.ai.providers.openai_responses import OpenAIResponsesModel
+from threadline.ai.providers._openai_chat import OpenAIChatModel, to_chat_messages
+from threadline.ai.providers._openai_responses import OpenAIResponsesModel
 from threadline.errors import (
     AuthenticationError,
     ContextOverflowError,
@@ -619,7 +619,7 @@ async def test_responses_abort_mid_stream() -> None:
 
 
 def test_responses_transcript_from_another_provider() -> None:
-    from threadline.ai.providers.openai_responses import to_response_input
+    from threadline.ai.providers._openai_responses import to_response_input
 
     assistant, r1, r2 = foreign_transcript()
     out = to_response_input([assistant, r1, r2], INFO)

@@ -87,7 +87,7 @@ async def test_ollama_preset_needs_no_key_and_streams(monkeypatch: pytest.Monkey
 def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setitem(sys.modules, "anthropic", None)  # makes `import anthropic` fail
-    monkeypatch.delitem(sys.modules, "threadline.ai.providers.anthropic", raising=False)
+    monkeypatch.delitem(sys.modules, "threadline.ai.providers._anthropic", raising=False)
     with pytest.raises(ConfigError, match=r"threadline\[anthropic\]"):
         get_model("anthropic:claude-sonnet-4")
 

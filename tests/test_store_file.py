@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import (
     ConfigError,
     CorruptLog,
@@ -25,12 +25,12 @@ from threadline.errors import (
     StoreError,
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord, Store
-from threadline.session import file as file_module
-from threadline.session.codec import encode_entries, encode_init
-from threadline.session.entries import Entry
-from threadline.session.file import session_file_name
+from threadline.session import _file as file_module
+from threadline.session._codec import encode_entries, encode_init
+from threadline.session._entries import Entry
+from threadline.session._file import session_file_name
 from threadline.testing import StoreConformance, StoreOpener, sample_entries
-from threadline.testing.conformance import check_concurrent_log
+from threadline.testing._conformance import check_concurrent_log
 
 
 class TestFileStore(StoreConformance):

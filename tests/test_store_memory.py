@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from threadline.ai.messages import ToolResultMessage, UserMessage
+from threadline.ai._messages import ToolResultMessage, UserMessage
 from threadline.errors import DurabilityError, StoreError
 from threadline.session import MemoryStore, MessageEntry, SessionRecord, Store
 from threadline.testing import FaultyStore, StoreConformance

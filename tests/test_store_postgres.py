@@ -16,12 +16,12 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, TreeIndex
-from threadline.session.postgres import MIGRATIONS
+from threadline.session._postgres import MIGRATIONS
 from threadline.testing import StoreConformance
-from threadline.testing.conformance import StoreOpener, check_concurrent_log
+from threadline.testing._conformance import StoreOpener, check_concurrent_log
 
 
 class TestPostgresStore(StoreConformance):

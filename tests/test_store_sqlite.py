@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, StoreError
 from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, TreeIndex
-from threadline.session.sqlite import MIGRATIONS
+from threadline.session._sqlite import MIGRATIONS
 from threadline.testing import StoreConformance
-from threadline.testing.conformance import StoreOpener
+from threadline.testing._conformance import StoreOpener
 
 
 class TestSQLiteStore(StoreConformance):
@@ -185,7 +185,7 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
 
 _APPENDER = """
 import asyncio, sys
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.session import MessageEntry, SQLiteStore
 
 async def main():
@@ -230,7 +230,7 @@ async def test_s4_kill_9_writers_lose_no_acknowledged_entry(tmp_path: Path) -> N
 
 _FILE_SIZE_LIMITED = """
 import asyncio, resource, signal, sys
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError
 from threadline.session import MessageEntry, SQLiteStore
 

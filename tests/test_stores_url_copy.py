@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CopyConflict, StoreError
 from threadline.session import (
     Entry,

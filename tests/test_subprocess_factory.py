@@ -2,7 +2,7 @@
 
 Every test starts real child processes: ``examples/echo_agent.py`` or a small
 script that replays the stdout lines a test gives it (``replay``). Every run's
-events go through ``check_grammar`` (the order of ``threadline.agent.events``)
+events go through ``check_grammar`` (the order of ``threadline.agent._events``)
 and every child is checked to be gone afterwards, not even a zombie and
 nothing left in its process group (``assert_gone``, which reads ``/proc``).
 ``asyncio.timeout`` only turns a hang into a failure; nothing asserts a time.
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from threadline import durable
-from threadline.agent.events import (
+from threadline.agent._events import (
     AgentEnd,
     AgentEvent,
     MessageEnd,
@@ -34,7 +34,7 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
@@ -42,9 +42,9 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import TextDelta
+from threadline.ai._model import TextDelta
 from threadline.durable import RunStarted, StoredMessageEnd, SubprocessLoop
-from threadline.durable.subprocess_loop import PROTOCOL_VERSION
+from threadline.durable._subprocess_loop import PROTOCOL_VERSION
 from threadline.errors import SubprocessError
 from threadline.session import FileStore, MessageEntry
 from threadline.testing import assert_event_order, assert_valid_for_providers

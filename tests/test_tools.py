@@ -1,4 +1,4 @@
-"""Tools (``threadline.ai.tools``): schemas from functions, argument checks, results."""
+"""Tools (``threadline.ai._tools``): schemas from functions, argument checks, results."""
 
 from __future__ import annotations
 

@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from threadline.ai.messages import UserMessage
+from threadline.ai._messages import UserMessage
 from threadline.errors import EntryNotFound
-from threadline.session.codec import decode_entry
-from threadline.session.entries import CustomEntry, Entry, MessageEntry
-from threadline.session.tree import TreeIndex
+from threadline.session._codec import decode_entry
+from threadline.session._entries import CustomEntry, Entry, MessageEntry
+from threadline.session._tree import TreeIndex
 
 TS = datetime(2025, 1, 1, tzinfo=UTC)
 

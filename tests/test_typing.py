@@ -31,8 +31,8 @@ def test_typing_check_detects_a_wrong_claim(tmp_path: Path) -> None:
     bad.write_text(
         "from typing import assert_type\n"
         "import msgspec\n"
-        "from threadline.session.entries import CustomEntry\n"
-        "from threadline.session.codec import decode_entry\n"
+        "from threadline.session._entries import CustomEntry\n"
+        "from threadline.session._codec import decode_entry\n"
         "class Todo(msgspec.Struct):\n"
         "    title: str\n"
         "e = CustomEntry(kind='todo', data=Todo(title='x'))\n"

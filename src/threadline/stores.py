@@ -33,9 +33,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import msgspec
 
 from threadline.errors import ConfigError, CopyConflict, SessionNotFound
-from threadline.session.codec import encode_entry
-from threadline.session.entries import SessionRecord
-from threadline.session.store import ManagedStore, Store
+from threadline.session._codec import encode_entry
+from threadline.session._entries import SessionRecord
+from threadline.session._store import ManagedStore, Store
 
 __all__ = ["CopyProgress", "CopyResult", "copy_sessions", "open_store"]
 
@@ -80,7 +80,7 @@ def open_store(url: str | os.PathLike[str]) -> ManagedStore:
         _no_more(params, shown)
         if parts.path:
             raise ConfigError(f"memory: store URL {shown!r} takes no path")
-        from threadline.session.memory import MemoryStore
+        from threadline.session._memory import MemoryStore
 
         return MemoryStore()
     path = unquote(parts.path)
@@ -88,7 +88,7 @@ def open_store(url: str | os.PathLike[str]) -> ManagedStore:
         raise ConfigError(f"store URL {shown!r} has no path")
     if scheme == "file":
         return _file_store(path, params, shown)
-    from threadline.session.sqlite import SQLiteStore
+    from threadline.session._sqlite import SQLiteStore
 
     synchronous = params.pop("synchronous", "FULL").upper()
     if synchronous not in ("FULL", "NORMAL"):
@@ -131,7 +131,7 @@ def _number(value: str, name: str, shown: str, kind: Callable[[str], Any]) -> An
 
 
 def _file_store(path: str, params: dict[str, str], shown: str) -> ManagedStore:
-    from threadline.session.file import FileStore
+    from threadline.session._file import FileStore
 
     durability = params.pop("durability", "fsync")
     _no_more(params, shown)
@@ -145,7 +145,7 @@ def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) ->
     try:
         import psycopg
 
-        from threadline.session.postgres import PostgresStore
+        from threadline.session._postgres import PostgresStore
     except ImportError as exc:
         raise ConfigError(f"store URL {shown!r} needs the postgres extra: "
                           f"pip install 'threadline[postgres]'") from exc

@@ -10,8 +10,8 @@ from typing import Any, assert_type
 
 import msgspec
 
-from threadline.session.codec import decode_entry, encode_entry
-from threadline.session.entries import CustomEntry, Entry, register_custom
+from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._entries import CustomEntry, Entry, register_custom
 
 
 class Todo(msgspec.Struct, frozen=True):

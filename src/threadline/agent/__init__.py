@@ -5,7 +5,7 @@ It knows nothing about storage; ``threadline.durable`` wraps it.
 
 from __future__ import annotations
 
-from threadline.agent.events import (
+from threadline.agent._events import (
     AgentEnd,
     AgentEvent,
     AgentStart,
@@ -19,7 +19,7 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.agent.loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny, run
+from threadline.agent._loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny, run
 
 __all__ = [
     "AfterToolCall",

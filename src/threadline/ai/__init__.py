@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
     ImagePart,
@@ -16,7 +16,7 @@ from threadline.ai.messages import (
     UserContent,
     UserMessage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     DoneEvent,
     ErrorEvent,
     LanguageModel,
@@ -37,8 +37,8 @@ from threadline.ai.model import (
     ToolCallStart,
     ToolSpec,
 )
-from threadline.ai.registry import get_model
-from threadline.ai.tools import Progress, Tool, ToolResult, tool
+from threadline.ai._registry import get_model
+from threadline.ai._tools import Progress, Tool, ToolResult, tool
 
 __all__ = [
     "AssistantContent",

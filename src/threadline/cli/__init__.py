@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 async def _dispatch(args: argparse.Namespace, console: Console) -> None:
     if args.command == "demo":
-        from threadline.cli.demo import run_demo
+        from threadline.cli._demo import run_demo
 
         await run_demo(Path(args.dir), console)
         return
@@ -115,7 +115,7 @@ async def _dispatch(args: argparse.Namespace, console: Console) -> None:
 
 
 async def _list(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.session.store import ManagedStore
+    from threadline.session._store import ManagedStore
 
     assert isinstance(store, ManagedStore)
     page = await store.list_sessions(limit=args.limit)
@@ -133,16 +133,16 @@ async def _list(store: object, args: argparse.Namespace, console: Console) -> No
 
 
 async def _open_tree(store: object, session_id: str) -> object:
-    from threadline.session.store import Store
-    from threadline.session.tree import TreeIndex
+    from threadline.session._store import Store
+    from threadline.session._tree import TreeIndex
 
     assert isinstance(store, Store)
     return TreeIndex(await store.load_entries(session_id), session_id=session_id)
 
 
 async def _show(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.cli.render import describe, short
-    from threadline.session.tree import TreeIndex
+    from threadline.cli._render import describe, short
+    from threadline.session._tree import TreeIndex
 
     tree = await _open_tree(store, args.session)
     assert isinstance(tree, TreeIndex)
@@ -151,8 +151,8 @@ async def _show(store: object, args: argparse.Namespace, console: Console) -> No
 
 
 async def _tree(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.cli.render import session_tree
-    from threadline.session.tree import TreeIndex
+    from threadline.cli._render import session_tree
+    from threadline.session._tree import TreeIndex
 
     tree = await _open_tree(store, args.session)
     assert isinstance(tree, TreeIndex)
@@ -160,9 +160,9 @@ async def _tree(store: object, args: argparse.Namespace, console: Console) -> No
 
 
 async def _export(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.session.codec import encode_entries
-    from threadline.session.context import build_context
-    from threadline.session.tree import TreeIndex
+    from threadline.session._codec import encode_entries
+    from threadline.session._context import build_context
+    from threadline.session._tree import TreeIndex
 
     tree = await _open_tree(store, args.session)
     assert isinstance(tree, TreeIndex)
@@ -176,7 +176,7 @@ async def _export(store: object, args: argparse.Namespace, console: Console) -> 
 
 async def _fork(store: object, args: argparse.Namespace, console: Console) -> None:
     from threadline import durable
-    from threadline.session.store import Store
+    from threadline.session._store import Store
 
     assert isinstance(store, Store)
     # Loading first: open() would create a session that does not exist.
@@ -188,10 +188,10 @@ async def _fork(store: object, args: argparse.Namespace, console: Console) -> No
 
 
 async def _check(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.durable.repair import orphaned_results
+    from threadline.durable._repair import orphaned_results
     from threadline.errors import CorruptLog, SessionNotFound
-    from threadline.session.store import ManagedStore
-    from threadline.session.tree import TreeIndex
+    from threadline.session._store import ManagedStore
+    from threadline.session._tree import TreeIndex
 
     assert isinstance(store, ManagedStore)
     ids: list[str] = list(args.sessions)
@@ -249,10 +249,10 @@ async def _copy(args: argparse.Namespace, console: Console) -> None:
 
 async def _chat(store: object, args: argparse.Namespace, console: Console) -> None:
     from threadline import durable
-    from threadline.agent.events import MessageUpdate
-    from threadline.ai.model import TextDelta
-    from threadline.ai.registry import get_model
-    from threadline.session.store import Store
+    from threadline.agent._events import MessageUpdate
+    from threadline.ai._model import TextDelta
+    from threadline.ai._registry import get_model
+    from threadline.session._store import Store
 
     assert isinstance(store, Store)
     lm = get_model(args.model)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from threadline.durable.agent import DurableAgent, Factory, PublishError, Run, RunInput, open
-from threadline.durable.compaction import (
+from threadline.durable._agent import DurableAgent, Factory, PublishError, Run, RunInput, open
+from threadline.durable._compaction import (
     CompactionPlan,
     CompactionPolicy,
     TokenEstimate,
@@ -14,7 +14,7 @@ from threadline.durable.compaction import (
     plan_compaction,
     summarize,
 )
-from threadline.durable.events import (
+from threadline.durable._events import (
     LifecycleEvent,
     Publisher,
     PublisherLike,
@@ -26,9 +26,9 @@ from threadline.durable.events import (
     SessionInit,
     StoredMessageEnd,
 )
-from threadline.durable.factory import ModelFactory, model
-from threadline.durable.repair import orphaned_results
-from threadline.durable.subprocess_loop import SubprocessFactory, SubprocessLoop, subprocess
+from threadline.durable._factory import ModelFactory, model
+from threadline.durable._repair import orphaned_results
+from threadline.durable._subprocess_loop import SubprocessFactory, SubprocessLoop, subprocess
 
 __all__ = [
     "CompactionPlan",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from threadline.session.codec import decode_entry, encode_entries, encode_entry
-from threadline.session.context import build_context, interrupted_result, normalize_tool_pairs
-from threadline.session.entries import (
+from threadline.session._codec import decode_entry, encode_entries, encode_entry
+from threadline.session._context import build_context, interrupted_result, normalize_tool_pairs
+from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,
@@ -19,15 +19,15 @@ from threadline.session.entries import (
     custom_kinds,
     register_custom,
 )
-from threadline.session.file import FileStore
-from threadline.session.ids import new_id
-from threadline.session.memory import MemoryStore
-from threadline.session.store import EntryLog, ManagedStore, SessionPage, Store
-from threadline.session.tree import TreeIndex
+from threadline.session._file import FileStore
+from threadline.session._ids import new_id
+from threadline.session._memory import MemoryStore
+from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store
+from threadline.session._tree import TreeIndex
 
 if TYPE_CHECKING:
-    from threadline.session.postgres import PostgresStore
-    from threadline.session.sqlite import SQLiteStore
+    from threadline.session._postgres import PostgresStore
+    from threadline.session._sqlite import SQLiteStore
 
 __all__ = [
     "FORMAT_VERSION",
@@ -63,11 +63,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The SQL stores import their drivers lazily: psycopg is an optional extra.
     if name == "SQLiteStore":
-        from threadline.session.sqlite import SQLiteStore
+        from threadline.session._sqlite import SQLiteStore
 
         return SQLiteStore
     if name == "PostgresStore":
-        from threadline.session.postgres import PostgresStore
+        from threadline.session._postgres import PostgresStore
 
         return PostgresStore
     raise AttributeError(f"module 'threadline.session' has no attribute {name!r}")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from threadline.testing.faults import FaultyStore
-from threadline.testing.grammar import assert_event_order, assert_stream_order
-from threadline.testing.scripted import (
+from threadline.testing._faults import FaultyStore
+from threadline.testing._grammar import assert_event_order, assert_stream_order
+from threadline.testing._scripted import (
     Call,
     Delay,
     Fail,
@@ -21,10 +21,10 @@ from threadline.testing.scripted import (
     Thinking,
     Turn,
 )
-from threadline.testing.validity import assert_valid_for_providers
+from threadline.testing._validity import assert_valid_for_providers
 
 if TYPE_CHECKING:
-    from threadline.testing.conformance import StoreConformance, StoreOpener, sample_entries
+    from threadline.testing._conformance import StoreConformance, StoreOpener, sample_entries
 
 __all__ = [
     "Call",
@@ -49,7 +49,7 @@ _CONFORMANCE = {"StoreConformance", "StoreOpener", "sample_entries"}
 
 def __getattr__(name: str) -> Any:
     if name in _CONFORMANCE:
-        from threadline.testing import conformance
+        from threadline.testing import _conformance as conformance
 
         return getattr(conformance, name)
     raise AttributeError(f"module 'threadline.testing' has no attribute {name!r}")

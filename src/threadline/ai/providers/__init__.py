@@ -12,16 +12,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from threadline.ai.providers.anthropic import AnthropicModel
-    from threadline.ai.providers.openai_chat import OpenAIChatModel
-    from threadline.ai.providers.openai_responses import OpenAIResponsesModel
+    from threadline.ai.providers._anthropic import AnthropicModel
+    from threadline.ai.providers._openai_chat import OpenAIChatModel
+    from threadline.ai.providers._openai_responses import OpenAIResponsesModel
 
 __all__ = ["AnthropicModel", "OpenAIChatModel", "OpenAIResponsesModel"]
 
 _MODULES = {
-    "AnthropicModel": "threadline.ai.providers.anthropic",
-    "OpenAIChatModel": "threadline.ai.providers.openai_chat",
-    "OpenAIResponsesModel": "threadline.ai.providers.openai_responses",
+    "AnthropicModel": "threadline.ai.providers._anthropic",
+    "OpenAIChatModel": "threadline.ai.providers._openai_chat",
+    "OpenAIResponsesModel": "threadline.ai.providers._openai_responses",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
     ImagePart,
@@ -28,7 +28,7 @@ from threadline.ai.messages import (
     ToolCall,
     Usage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     DoneEvent,
     ErrorEvent,
     ModelInfo,

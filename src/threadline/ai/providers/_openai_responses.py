@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     Message,
@@ -25,7 +25,7 @@ from threadline.ai.messages import (
     ToolResultMessage,
     Usage,
 )
-from threadline.ai.model import ModelInfo, Request, StreamEvent, StreamOptions
+from threadline.ai._model import ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
     IMAGE_OMITTED,
     Builder,
@@ -35,7 +35,7 @@ from threadline.ai.providers._common import (
     same_model,
     thinking_as_text,
 )
-from threadline.ai.providers.openai_chat import OpenAIClientModel, translate_openai_error
+from threadline.ai.providers._openai_chat import OpenAIClientModel, translate_openai_error
 from threadline.errors import ModelError, TransientProviderError
 
 __all__ = ["OpenAIResponsesModel"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from rich.tree import Tree
 
-from threadline.ai.messages import AssistantMessage, ToolResultMessage, UserMessage
-from threadline.session.entries import (
+from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
     CustomEntry,
@@ -15,7 +15,7 @@ from threadline.session.entries import (
     MessageEntry,
     OpaqueEntry,
 )
-from threadline.session.tree import TreeIndex
+from threadline.session._tree import TreeIndex
 
 __all__ = ["describe", "session_tree", "short"]
 

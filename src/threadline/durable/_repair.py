@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadline.ai.messages import AssistantMessage, ToolResultMessage
-from threadline.session.context import interrupted_result
-from threadline.session.entries import Entry, MessageEntry
+from threadline.ai._messages import AssistantMessage, ToolResultMessage
+from threadline.session._context import interrupted_result
+from threadline.session._entries import Entry, MessageEntry
 
 __all__ = ["orphaned_results"]
 

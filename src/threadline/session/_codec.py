@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from threadline.errors import CorruptLog
-from threadline.session.entries import (
+from threadline.session._entries import (
     _MISSING_TIMESTAMP,
     FORMAT_VERSION,
     BranchSummaryEntry,

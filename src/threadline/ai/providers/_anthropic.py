@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     Message,
@@ -23,7 +23,7 @@ from threadline.ai.messages import (
     ToolResultMessage,
     Usage,
 )
-from threadline.ai.model import ModelInfo, ReasoningEffort, Request, StreamEvent, StreamOptions
+from threadline.ai._model import ModelInfo, ReasoningEffort, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from threadline.errors import EntryNotFound
-from threadline.session.entries import Entry
+from threadline.session._entries import Entry
 
 __all__ = ["TreeIndex"]
 

@@ -39,11 +39,11 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session.codec import decode_entry, encode_entry
-from threadline.session.entries import Entry, SessionRecord
-from threadline.session.memory import check_session_id
-from threadline.session.sqlite import entry_type
-from threadline.session.store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._entries import Entry, SessionRecord
+from threadline.session._memory import check_session_id
+from threadline.session._sqlite import entry_type
+from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
 
 try:
     import psycopg

@@ -19,9 +19,9 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 import msgspec
 
-from threadline.ai.messages import Message, UserContent
+from threadline.ai._messages import Message, UserContent
 from threadline.errors import ConfigError
-from threadline.session.ids import new_id
+from threadline.session._ids import new_id
 
 __all__ = [
     "FORMAT_VERSION",

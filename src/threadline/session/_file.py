@@ -102,17 +102,17 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session.codec import _entry_decoder, decode_entry, decode_init, encode_entries
-from threadline.session.codec import encode_init as _encode_init
-from threadline.session.entries import (
+from threadline.session._codec import _entry_decoder, decode_entry, decode_init, encode_entries
+from threadline.session._codec import encode_init as _encode_init
+from threadline.session._entries import (
     _MISSING_TIMESTAMP,
     CustomEntry,
     Entry,
     SessionRecord,
     _decoding,
 )
-from threadline.session.memory import check_session_id, page_records
-from threadline.session.store import EntryLog, SessionPage
+from threadline.session._memory import check_session_id, page_records
+from threadline.session._store import EntryLog, SessionPage
 
 __all__ = ["FileStore", "session_file_name"]
 

@@ -13,8 +13,8 @@ from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 from threadline.errors import StoreError
-from threadline.session.entries import Entry, SessionRecord
-from threadline.session.store import Store
+from threadline.session._entries import Entry, SessionRecord
+from threadline.session._store import Store
 
 __all__ = ["FaultyStore"]
 

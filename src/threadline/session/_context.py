@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
     ToolResultMessage,
     UserMessage,
 )
-from threadline.session.entries import (
+from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
     CustomMessageEntry,

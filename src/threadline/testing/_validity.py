@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadline.ai.messages import AssistantMessage, Message, TextPart, ToolResultMessage
+from threadline.ai._messages import AssistantMessage, Message, TextPart, ToolResultMessage
 
 __all__ = ["assert_valid_for_providers"]
 

@@ -17,11 +17,11 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from threadline.agent.events import AgentEvent, Loop, MessageEnd
-from threadline.ai.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
-from threadline.ai.model import LanguageModel
-from threadline.durable.compaction import CompactionPolicy, compact_agent, maybe_compact
-from threadline.durable.events import (
+from threadline.agent._events import AgentEvent, Loop, MessageEnd
+from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from threadline.ai._model import LanguageModel
+from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
+from threadline.durable._events import (
     LifecycleEvent,
     PublisherLike,
     RunEvent,
@@ -32,11 +32,11 @@ from threadline.durable.events import (
     SessionInit,
     StoredMessageEnd,
 )
-from threadline.durable.repair import orphaned_results
+from threadline.durable._repair import orphaned_results
 from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
-from threadline.session.codec import rechain_opaque
-from threadline.session.context import build_context
-from threadline.session.entries import (
+from threadline.session._codec import rechain_opaque
+from threadline.session._context import build_context
+from threadline.session._entries import (
     CompactionEntry,
     Entry,
     MessageEntry,
@@ -44,9 +44,9 @@ from threadline.session.entries import (
     SessionRecord,
     utcnow,
 )
-from threadline.session.ids import new_id
-from threadline.session.store import Store
-from threadline.session.tree import TreeIndex
+from threadline.session._ids import new_id
+from threadline.session._store import Store
+from threadline.session._tree import TreeIndex
 
 __all__ = ["DurableAgent", "Factory", "PublishError", "Run", "RunInput", "open"]
 

@@ -21,13 +21,13 @@ from rich.panel import Panel
 from rich.text import Text
 
 from threadline import durable
-from threadline.ai.tools import Tool, tool
-from threadline.cli.render import describe, session_tree, short
-from threadline.durable.events import LifecycleEvent, StoredMessageEnd
-from threadline.session.file import FileStore
-from threadline.session.tree import TreeIndex
-from threadline.testing.scripted import Call, ScriptedModel, Turn
-from threadline.testing.scripted import Text as Say
+from threadline.ai._tools import Tool, tool
+from threadline.cli._render import describe, session_tree, short
+from threadline.durable._events import LifecycleEvent, StoredMessageEnd
+from threadline.session._file import FileStore
+from threadline.session._tree import TreeIndex
+from threadline.testing._scripted import Call, ScriptedModel, Turn
+from threadline.testing._scripted import Text as Say
 
 __all__ = ["run_demo"]
 
@@ -88,7 +88,7 @@ async def run_demo(root: Path, console: Console) -> None:
 
     step(1, "A turn with a tool call, in a child process that gets killed mid-tool")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadline.cli.demo", "--child", str(root), session_id,
+        sys.executable, "-m", "threadline.cli._demo", "--child", str(root), session_id,
         stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
@@ -172,7 +172,7 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         asyncio.run(_child(Path(sys.argv[2]), sys.argv[3]))
     else:
-        raise SystemExit("usage: python -m threadline.cli.demo --child ROOT SESSION_ID")
+        raise SystemExit("usage: python -m threadline.cli._demo --child ROOT SESSION_ID")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The inner agent loop: stream the model, run the tools it asks for, repeat.
 
-``AgentLoop`` implements the ``Loop`` protocol of ``threadline.agent.events``
+``AgentLoop`` implements the ``Loop`` protocol of ``threadline.agent._events``
 (whose docstring states the event order; every run here keeps it). A turn is
 one model call plus the tools it asked for; turns go on while the assistant
 asks for tools.
@@ -49,7 +49,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import msgspec
 
-from threadline.agent.events import (
+from threadline.agent._events import (
     AgentEnd,
     AgentEvent,
     AgentStart,
@@ -62,7 +62,7 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
@@ -70,7 +70,7 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     DoneEvent,
     ErrorEvent,
     LanguageModel,
@@ -79,7 +79,7 @@ from threadline.ai.model import (
     Request,
     StreamOptions,
 )
-from threadline.ai.tools import Tool, ToolResult
+from threadline.ai._tools import Tool, ToolResult
 from threadline.errors import AgentError, ConfigError, ModelError, ToolError
 
 __all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny", "run"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from threadline.agent.loop import AgentLoop
-from threadline.ai.model import LanguageModel
-from threadline.ai.tools import Tool
+from threadline.agent._loop import AgentLoop
+from threadline.ai._model import LanguageModel
+from threadline.ai._tools import Tool
 
 __all__ = ["ModelFactory", "model"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     Message,
@@ -25,7 +25,7 @@ from threadline.ai.messages import (
     ToolResultMessage,
     Usage,
 )
-from threadline.ai.model import ModelInfo, Request, StreamEvent, StreamOptions
+from threadline.ai._model import ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from threadline.session.entries import Entry, SessionRecord
+from threadline.session._entries import Entry, SessionRecord
 
 __all__ = ["EntryLog", "ManagedStore", "SessionPage", "Store", "decode_cursor", "encode_cursor"]
 

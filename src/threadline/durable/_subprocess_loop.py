@@ -14,7 +14,7 @@ Design choices (the protocol document explains them to CLI authors):
 - Turns belong to the wrapper: a turn opens with each assistant message and
   closes once all of its tool calls are answered. The child's own
   ``turn_start``/``turn_end`` are accepted and ignored, so the order grammar
-  of ``threadline.agent.events`` holds whatever the child does.
+  of ``threadline.agent._events`` holds whatever the child does.
 - Tool results are held until every call of the turn is answered and then
   reported in call order, as ``AgentLoop`` does; that keeps all
   ``tool_execution_*`` events before the result messages.
@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from threadline.agent.events import (
+from threadline.agent._events import (
     AgentEnd,
     AgentEvent,
     AgentStart,
@@ -54,7 +54,7 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
     Message,
@@ -63,7 +63,7 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     StartEvent,
     StreamEvent,
     TextDelta,
@@ -77,7 +77,7 @@ from threadline.ai.model import (
     ToolCallStart,
 )
 from threadline.errors import SubprocessError
-from threadline.session.context import interrupted_result
+from threadline.session._context import interrupted_result
 
 __all__ = ["PROTOCOL_VERSION", "SubprocessLoop", "subprocess"]
 

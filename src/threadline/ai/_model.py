@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from threadline.ai.messages import AssistantMessage, Message, ToolCall
+from threadline.ai._messages import AssistantMessage, Message, ToolCall
 from threadline.errors import ModelError
 
 __all__ = [

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
-from threadline.agent.events import AgentEvent, MessageEnd
-from threadline.session.entries import CompactionEntry, Entry
+from threadline.agent._events import AgentEvent, MessageEnd
+from threadline.session._entries import CompactionEntry, Entry
 
 __all__ = [
     "LifecycleEvent",

@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
-from threadline.ai.messages import AssistantMessage, Message, ToolResultMessage
-from threadline.ai.model import StreamEvent
+from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage
+from threadline.ai._model import StreamEvent
 
 __all__ = [
     "AgentEnd",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     Message,
@@ -38,10 +38,10 @@ from threadline.ai.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import DoneEvent, ErrorEvent, LanguageModel, Request, StreamOptions
+from threadline.ai._model import DoneEvent, ErrorEvent, LanguageModel, Request, StreamOptions
 from threadline.errors import ConfigError, ModelError
-from threadline.session.context import BRANCH_SUMMARY_PREFIX, build_context
-from threadline.session.entries import (
+from threadline.session._context import BRANCH_SUMMARY_PREFIX, build_context
+from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
     CustomMessageEntry,
@@ -52,7 +52,7 @@ from threadline.session.entries import (
 if TYPE_CHECKING:
     import asyncio
 
-    from threadline.durable.agent import DurableAgent
+    from threadline.durable._agent import DurableAgent
 
 __all__ = [
     "IMAGE_TOKENS",

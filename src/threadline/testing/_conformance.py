@@ -56,7 +56,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
     TextPart,
@@ -67,8 +67,8 @@ from threadline.ai.messages import (
     UserMessage,
 )
 from threadline.errors import SessionExists, SessionNotFound, StoreError
-from threadline.session.codec import decode_entry, encode_entry
-from threadline.session.entries import (
+from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
     CustomEntry,
@@ -79,9 +79,9 @@ from threadline.session.entries import (
     SessionRecord,
     register_custom,
 )
-from threadline.session.ids import new_id
-from threadline.session.store import Store
-from threadline.session.tree import TreeIndex
+from threadline.session._ids import new_id
+from threadline.session._store import Store
+from threadline.session._tree import TreeIndex
 
 __all__ = [
     "ConformanceNote",

@@ -44,8 +44,8 @@ from typing import Annotated, Any, TypeAlias, overload
 
 import msgspec
 
-from threadline.ai.messages import ImagePart, TextPart, UserContent
-from threadline.ai.model import ToolSpec
+from threadline.ai._messages import ImagePart, TextPart, UserContent
+from threadline.ai._model import ToolSpec
 from threadline.errors import ToolError
 
 __all__ = ["Progress", "Tool", "ToolResult", "tool"]

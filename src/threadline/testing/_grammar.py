@@ -1,4 +1,4 @@
-"""Checkers for the agent-loop event grammar of ``threadline.agent.events``.
+"""Checkers for the agent-loop event grammar of ``threadline.agent._events``.
 
 Use them in tests of your own ``Loop`` (or of an agent CLI driven through
 ``durable.subprocess``) to prove it reports runs the way the durable agent
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from threadline.agent.events import (
+from threadline.agent._events import (
     AgentEnd,
     AgentEvent,
     AgentStart,
@@ -23,14 +23,14 @@ from threadline.agent.events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantMessage,
     Message,
     TextPart,
     ToolResultMessage,
     UserMessage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     DoneEvent,
     ErrorEvent,
     StartEvent,
@@ -88,7 +88,7 @@ def assert_stream_order(updates: Sequence[StreamEvent], message: AssistantMessag
 def assert_event_order(
     events: Sequence[AgentEvent], *, sequential: bool = False, strict: bool = True
 ) -> AgentEnd:
-    """Assert the run grammar of ``threadline.agent.events``; return the AgentEnd.
+    """Assert the run grammar of ``threadline.agent._events``; return the AgentEnd.
 
     ``sequential``: tool executions must not overlap. ``strict`` also checks
     the model-stream grammar inside each assistant message and that every

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from threadline.ai.model import LanguageModel, ModelInfo
+from threadline.ai._model import LanguageModel, ModelInfo
 from threadline.errors import ConfigError
 
 __all__ = ["PROVIDERS", "Provider", "get_model", "model_info"]
@@ -134,14 +134,14 @@ def get_model(
         kwargs["max_retries"] = max_retries
     try:
         if conf.api == "anthropic-messages":
-            from threadline.ai.providers.anthropic import AnthropicModel
+            from threadline.ai.providers._anthropic import AnthropicModel
 
             return AnthropicModel(resolved, **kwargs)
         if conf.api == "openai-responses":
-            from threadline.ai.providers.openai_responses import OpenAIResponsesModel
+            from threadline.ai.providers._openai_responses import OpenAIResponsesModel
 
             return OpenAIResponsesModel(resolved, **kwargs)
-        from threadline.ai.providers.openai_chat import OpenAIChatModel
+        from threadline.ai.providers._openai_chat import OpenAIChatModel
 
         return OpenAIChatModel(resolved, **kwargs)
     except ImportError as exc:  # a half-installed SDK

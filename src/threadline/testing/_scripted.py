@@ -52,7 +52,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from threadline.ai.messages import (
+from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
     StopReason,
@@ -61,7 +61,7 @@ from threadline.ai.messages import (
     ToolCall,
     Usage,
 )
-from threadline.ai.model import (
+from threadline.ai._model import (
     DoneEvent,
     ErrorEvent,
     ModelInfo,
