@@ -34,6 +34,7 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
+from threadline.agent._subprocess._loop import PROTOCOL_VERSION
 from threadline.ai._messages import (
     AssistantMessage,
     Message,
@@ -44,7 +45,6 @@ from threadline.ai._messages import (
 )
 from threadline.ai._model import TextDelta
 from threadline.durable import RunStarted, StoredMessageEnd, SubprocessLoop
-from threadline.durable._subprocess_loop import PROTOCOL_VERSION
 from threadline.errors import SubprocessError
 from threadline.session import FileStore, MessageEntry
 from threadline.testing import assert_event_order, assert_valid_for_providers

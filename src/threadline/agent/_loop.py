@@ -69,6 +69,7 @@ from threadline.ai._messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    synthesized_result,
 )
 from threadline.ai._model import (
     DoneEvent,
@@ -103,7 +104,6 @@ AfterToolCall: TypeAlias = Callable[
 """Called with each executed call and its result; return a ``ToolResult`` to replace it."""
 
 _FINAL = (DoneEvent, ErrorEvent)
-_ABORTED_TEXT = "Tool call aborted: the run was stopped before the tool finished."
 
 
 class AgentLoop:
@@ -392,7 +392,4 @@ def _error(call: ToolCall, text: str) -> ToolResultMessage:
 
 
 def _aborted(call: ToolCall) -> ToolResultMessage:
-    return ToolResultMessage(
-        tool_call_id=call.id, tool_name=call.name, content=(TextPart(text=_ABORTED_TEXT),),
-        is_error=True, synthesized="aborted",
-    )
+    return synthesized_result(call.id, call.name, "aborted")

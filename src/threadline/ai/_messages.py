@@ -30,9 +30,11 @@ __all__ = [
     "Usage",
     "UserContent",
     "UserMessage",
+    "synthesized_result",
 ]
 
 StopReason: TypeAlias = Literal["stop", "length", "tool_use", "error", "aborted"]
+Synthesized: TypeAlias = Literal["aborted", "interrupted"]
 
 
 class _Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
@@ -146,7 +148,7 @@ class ToolResultMessage(_Message, frozen=True, tag="tool_result"):
     tool_name: str
     content: tuple[UserContent, ...] = ()
     is_error: bool = False
-    synthesized: Literal["aborted", "interrupted"] | None = None
+    synthesized: Synthesized | None = None
     details: Any = None
 
     @property
@@ -155,3 +157,24 @@ class ToolResultMessage(_Message, frozen=True, tag="tool_result"):
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
+
+
+_SYNTHESIZED_TEXT: dict[Synthesized, str] = {
+    "aborted": "Tool call aborted: the run was stopped before the tool finished.",
+    "interrupted": (
+        "This tool call was interrupted before it returned a result; its outcome is unknown. "
+        "Check its effects before relying on them or calling it again."
+    ),
+}
+
+
+def synthesized_result(call_id: str, tool_name: str, kind: Synthesized) -> ToolResultMessage:
+    """The error result the library writes for a call nobody ran to the end.
+
+    ``aborted``: the run was stopped before the tool finished. ``interrupted``:
+    the process went away and the outcome is unknown (the tool may have acted).
+    """
+    return ToolResultMessage(
+        tool_call_id=call_id, tool_name=tool_name, is_error=True, synthesized=kind,
+        content=(TextPart(text=_SYNTHESIZED_TEXT[kind]),),
+    )

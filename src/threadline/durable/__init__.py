@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from threadline.agent._subprocess._loop import SubprocessFactory, SubprocessLoop, subprocess
 from threadline.durable._agent import DurableAgent, Factory, PublishError, Run, RunInput, open
 from threadline.durable._compaction import (
     CompactionPlan,
@@ -28,7 +29,6 @@ from threadline.durable._events import (
 )
 from threadline.durable._factory import ModelFactory, model
 from threadline.durable._repair import orphaned_results
-from threadline.durable._subprocess_loop import SubprocessFactory, SubprocessLoop, subprocess
 
 __all__ = [
     "CompactionPlan",

@@ -16,6 +16,7 @@ from threadline.ai._messages import (
     TextPart,
     ToolResultMessage,
     UserMessage,
+    synthesized_result,
 )
 from threadline.session._entries import (
     BranchSummaryEntry,
@@ -39,21 +40,11 @@ COMPACTION_PREFIX = (
 BRANCH_SUMMARY_PREFIX = (
     "Before this point the conversation explored another branch, summarized below.\n\n"
 )
-INTERRUPTED_TEXT = (
-    "This tool call was interrupted before it returned a result; its outcome is unknown. "
-    "Check its effects before relying on them or calling it again."
-)
 
 
 def interrupted_result(call_id: str, tool_name: str) -> ToolResultMessage:
     """The result the library writes for a call that never got one."""
-    return ToolResultMessage(
-        tool_call_id=call_id,
-        tool_name=tool_name,
-        content=(TextPart(text=INTERRUPTED_TEXT),),
-        is_error=True,
-        synthesized="interrupted",
-    )
+    return synthesized_result(call_id, tool_name, "interrupted")
 
 
 def build_context(path: Sequence[Entry]) -> list[Message]:

@@ -58,10 +58,12 @@ from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
     Message,
+    Synthesized,
     TextPart,
     ThinkingPart,
     ToolResultMessage,
     UserMessage,
+    synthesized_result,
 )
 from threadline.ai._model import (
     StartEvent,
@@ -77,7 +79,6 @@ from threadline.ai._model import (
     ToolCallStart,
 )
 from threadline.errors import SubprocessError
-from threadline.session._context import interrupted_result
 
 __all__ = ["PROTOCOL_VERSION", "SubprocessLoop", "subprocess"]
 
@@ -86,9 +87,7 @@ DEFAULT_LINE_LIMIT = 64 * 1024 * 1024
 _STDERR_LINES = 20  # lines of the child's stderr quoted in errors
 _STDERR_KEEP = 8 * 1024  # bytes of stderr kept while the child runs
 _CHUNK = 1024 * 1024  # bytes read from the child's stdout at a time
-_ABORTED_TEXT = "Tool call aborted: the run was stopped before the tool finished."
 
-_Synthesized = Literal["aborted", "interrupted"]
 
 
 # ----------------------------------------------------------------------------- wire
@@ -676,7 +675,7 @@ class _Turns:
         self._running, self._results, self._started = {}, {}, set()
         return out
 
-    def close(self, kind: _Synthesized, error: BaseException | None) -> list[AgentEvent]:
+    def close(self, kind: Synthesized, error: BaseException | None) -> list[AgentEvent]:
         """End what the child left open: the streaming message, then unanswered calls."""
         out: list[AgentEvent] = []
         if self._streaming is not None:
@@ -688,7 +687,7 @@ class _Turns:
             ))
         if self._assistant is not None:
             for call_id, name in self._pending.items():
-                self._results[call_id] = _synthesized(kind, call_id, name)
+                self._results[call_id] = synthesized_result(call_id, name, kind)
             self._pending = {}
             out += self._flush()
         return out
@@ -718,13 +717,6 @@ class _Partial:
         if self.thinking:
             return ThinkingPart(thinking=text, signature=self.signature)
         return TextPart(text=text)
-
-
-def _synthesized(kind: _Synthesized, call_id: str, name: str) -> ToolResultMessage:
-    if kind == "interrupted":
-        return interrupted_result(call_id, name)
-    return ToolResultMessage(tool_call_id=call_id, tool_name=name, is_error=True,
-                             synthesized="aborted", content=(TextPart(text=_ABORTED_TEXT),))
 
 
 def _stream_event(obj: dict[str, Any]) -> StreamEvent:
