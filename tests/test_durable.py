@@ -39,8 +39,8 @@ from threadline.durable import (
     RunStarted,
     SessionBranched,
     SessionCompacted,
+    SessionCreated,
     SessionForked,
-    SessionInit,
     StoredMessageEnd,
 )
 from threadline.errors import (
@@ -242,7 +242,7 @@ async def test_s1_generated_id_is_reported_and_stored(backend: Backend, store: S
     b = await durable.open(None, store=store)
     assert isinstance(a.session_id, str) and a.session_id
     assert a.session_id != b.session_id
-    assert published == [SessionInit(session_id=a.session_id, parent_id=None)]
+    assert published == [SessionCreated(session_id=a.session_id, parent_id=None)]
     assert await backend.reopen().load_entries(a.session_id) == []
 
 
@@ -269,7 +269,7 @@ async def test_s2_unknown_id_creates_known_id_resumes(backend: Backend) -> None:
     published: list[LifecycleEvent] = []
     agent = await durable.open(None, store=counting, session_id="s2", publisher=published.append)
     assert counting.count("create_session") == 1
-    assert published == [SessionInit(session_id="s2", parent_id=None)]
+    assert published == [SessionCreated(session_id="s2", parent_id=None)]
     assert agent.entries == [] and agent.leaf is None
     written = await agent.append(UserMessage.of("one"), UserMessage.of("two"))
 
@@ -316,7 +316,7 @@ async def test_s2_two_opens_racing_on_a_new_id_both_resume_it(backend: Backend) 
         for s in stores
     ))
     assert sum(s.count("create_session") for s in stores) == 2  # both tried, one won
-    assert published == [SessionInit(session_id="race", parent_id=None)]
+    assert published == [SessionCreated(session_id="race", parent_id=None)]
     await one.append(UserMessage.of("a"))
     await two.append(UserMessage.of("b"))
     assert len(await backend.reopen().load_entries("race")) == 2
@@ -625,7 +625,7 @@ async def test_s10_fork_copies_active_path_rechained_in_one_batch(backend: Backe
     assert published == [
         SessionForked(session_id="s10", child_id=child.session_id, leaf_id=comp.id,
                       entries_copied=len(active)),
-        SessionInit(session_id=child.session_id, parent_id="s10"),
+        SessionCreated(session_id=child.session_id, parent_id="s10"),
     ]
     managed = backend.reopen()
     assert isinstance(managed, ManagedStore)
@@ -1074,7 +1074,7 @@ class Recorder:
         if self.agent is not None:
             self.locked_during_publish.append(self.agent._lock.locked())
         stored = in_thread(lambda: self._load(event.session_id))
-        if isinstance(event, SessionInit):
+        if isinstance(event, SessionCreated):
             assert stored is not None
         elif isinstance(event, SessionCompacted):
             assert stored is not None and event.entry in stored
@@ -1105,10 +1105,10 @@ async def test_s13_events_published_after_effect_is_stored(backend: Backend) -> 
     entry = await agent.compact("summary", u.id, tokens_before=10)
     child = await agent.fork()
     assert [type(e) for e in rec.events] == [
-        SessionInit, SessionBranched, SessionCompacted, SessionForked, SessionInit,
+        SessionCreated, SessionBranched, SessionCompacted, SessionForked, SessionCreated,
     ]
     assert rec.events[2] == SessionCompacted(session_id="s13", entry=entry)
-    assert rec.events[4] == SessionInit(session_id=child.session_id, parent_id="s13")
+    assert rec.events[4] == SessionCreated(session_id=child.session_id, parent_id="s13")
     assert rec.locked_during_publish == [False, False, False, False]
 
 
@@ -1140,8 +1140,8 @@ async def test_s13_plain_callable_and_object_publishers(store: Store) -> None:
 
     await durable.open(None, store=store, session_id="p1", publisher=calls.append)
     await durable.open(None, store=store, session_id="p2", publisher=Obj())
-    assert calls == [SessionInit(session_id="p1", parent_id=None),
-                     SessionInit(session_id="p2", parent_id=None)]
+    assert calls == [SessionCreated(session_id="p1", parent_id=None),
+                     SessionCreated(session_id="p2", parent_id=None)]
 
 
 async def test_s13_raising_publisher_keeps_the_effect(backend: Backend) -> None:
@@ -1169,7 +1169,7 @@ async def test_s13_raising_publisher_keeps_the_effect(backend: Backend) -> None:
         await agent.fork("s13r-child")
     child = forked.value.result
     assert isinstance(child, DurableAgent) and child.session_id == "s13r-child"
-    assert [type(e) for e in seen] == [SessionForked, SessionInit]  # both still delivered
+    assert [type(e) for e in seen] == [SessionForked, SessionCreated]  # both still delivered
     resumed = await durable.open(None, store=backend.reopen(), session_id="s13r")
     assert [e.id for e in resumed.entries] == [u.id, entry.id]
     (copy,) = await backend.reopen().load_entries("s13r-child")
@@ -1186,7 +1186,7 @@ async def test_s13_nothing_published_on_append_or_run(backend: Backend) -> None:
                                    data=Bookmark(label="meta", entry_id="x")))
     events = await agent.run("weather?").collect()
     assert isinstance(events[-1], AgentEnd)
-    lifecycle = (SessionInit, SessionBranched, SessionForked, SessionCompacted)
+    lifecycle = (SessionCreated, SessionBranched, SessionForked, SessionCompacted)
     assert not any(isinstance(ev, lifecycle) for ev in events)
     assert published == []
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from threadline import durable
@@ -34,7 +35,7 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.agent._subprocess._loop import PROTOCOL_VERSION
+from threadline.agent._subprocess import PROTOCOL_VERSION, SubprocessLoop
 from threadline.ai._messages import (
     AssistantMessage,
     Message,
@@ -44,7 +45,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.ai._model import TextDelta
-from threadline.durable import RunStarted, StoredMessageEnd, SubprocessLoop
+from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.errors import SubprocessError
 from threadline.session import FileStore, MessageEntry
 from threadline.testing import assert_event_order, assert_valid_for_providers
@@ -413,7 +414,12 @@ async def test_garbage_output_is_an_error_naming_the_line(tmp_path: Path) -> Non
         (ev("message_end", message=result("nope")), "answers no open call"),
         (ev("message_end", message={"role": "user", "content": [text("not the input")]}),
          "a user message from the agent"),
-        (ev("message_update", event={"type": "text_delta", "index": 0}), "outside an assistant"),
+        (ev("message_update", event={"type": "text_delta", "index": 0, "delta": "x"}),
+         "outside an assistant"),
+        (ev("message_update", event={"type": "text_delta", "index": 0}),
+         "missing required field `delta`"),
+        (ev("message_update", event={"type": "text_wobble", "index": 0}), "text_wobble"),
+        (ev("agent_end", error=3), "expected an error message"),
         (ev("tool_execution_start", tool_call_id="zz"), "not an open call"),
         (ev("agent_end"), None),  # fine on its own; the reference case
     ],
@@ -629,7 +635,8 @@ async def test_closing_the_loop_iterator_leaves_no_process(tmp_path: Path) -> No
 
 async def test_direct_task_cancellation_of_the_loop_leaves_no_process(tmp_path: Path) -> None:
     factory, pidfile = echo(tmp_path, delay=0.05)
-    loop: SubprocessLoop = factory()
+    loop = factory()
+    assert isinstance(loop, SubprocessLoop)
     started = asyncio.Event()
 
     async def consume() -> None:
@@ -723,3 +730,30 @@ async def test_s12_reopen_after_kill_9_of_the_host_mid_tool_repairs_the_call(
     assert (repaired.message.tool_call_id, repaired.message.synthesized) == (
         "call-1", "interrupted")
     assert_valid_for_providers(reopened.messages())
+
+
+async def test_a_final_stream_event_inside_message_update_is_a_protocol_error(
+    tmp_path: Path,
+) -> None:
+    done = ev("message_update", event={"type": "done", "message": assistant(text("x"))})
+    factory, _ = replay(tmp_path, [*STREAM_START, done, ev("agent_end")])
+    _, end = await run_loop(factory)
+    assert "carries a 'done' event; a message ends with message_end" in error_of(end)
+
+
+async def test_the_wire_speaks_the_agent_event_types_in_both_directions() -> None:
+    # One schema: every event AgentLoop yields, encoded as JSON, decodes on the
+    # subprocess wire to an equal event (the error of AgentEnd travels as text).
+    from threadline.agent import AgentLoop
+    from threadline.agent._subprocess._wire import decode_event
+    from threadline.testing import Call, ScriptedModel, Text, Turn
+
+    def ls(path: str) -> str:
+        """List a folder."""
+        return f"listing of {path}"
+
+    model = ScriptedModel([Turn(Call("ls", {"path": "."}, id="c1")), Turn(Text("done"))])
+    events = [e async for e in AgentLoop(model, [ls]).run([], [UserMessage.of("go")])]
+    for event in events:
+        line = msgspec.json.encode(event, enc_hook=str)
+        assert decode_event(line) == event, line

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias
+
+import msgspec
 
 from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage
 from threadline.ai._model import StreamEvent
@@ -47,81 +48,88 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class AgentStart:
-    type: Literal["agent_start"] = "agent_start"
+class _Event(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type"):
+    """Base of the agent events: tagged by ``type``, the shape they have on a JSON wire.
+
+    Fields a loop always fills but the subprocess wire lets a child leave out
+    (the wrapper derives them) have defaults; see docs/subprocess-protocol.md.
+    """
 
 
-@dataclass(frozen=True, slots=True)
-class TurnStart:
-    turn: int
-    type: Literal["turn_start"] = "turn_start"
+class AgentStart(_Event, frozen=True, tag="agent_start"):
+    type: ClassVar[Literal["agent_start"]] = "agent_start"
 
 
-@dataclass(frozen=True, slots=True)
-class MessageStart:
+class TurnStart(_Event, frozen=True, tag="turn_start"):
+    type: ClassVar[Literal["turn_start"]] = "turn_start"
+    turn: int = 0
+
+
+class MessageStart(_Event, frozen=True, tag="message_start"):
+    type: ClassVar[Literal["message_start"]] = "message_start"
     message: Message
     """For an assistant message: an empty message naming model and provider."""
-    type: Literal["message_start"] = "message_start"
 
 
-@dataclass(frozen=True, slots=True)
-class MessageUpdate:
+class MessageUpdate(_Event, frozen=True, tag="message_update"):
+    type: ClassVar[Literal["message_update"]] = "message_update"
     event: StreamEvent
-    type: Literal["message_update"] = "message_update"
 
 
-@dataclass(frozen=True, slots=True)
-class MessageEnd:
+class MessageEnd(_Event, frozen=True, tag="message_end"):
+    type: ClassVar[Literal["message_end"]] = "message_end"
     message: Message
-    type: Literal["message_end"] = "message_end"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolExecutionStart:
+class ToolExecutionStart(_Event, frozen=True, tag="tool_execution_start"):
+    type: ClassVar[Literal["tool_execution_start"]] = "tool_execution_start"
     tool_call_id: str
-    tool_name: str
-    arguments: dict[str, Any]
-    type: Literal["tool_execution_start"] = "tool_execution_start"
+    tool_name: str = ""
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolExecutionUpdate:
+class ToolExecutionUpdate(_Event, frozen=True, tag="tool_execution_update"):
+    type: ClassVar[Literal["tool_execution_update"]] = "tool_execution_update"
     tool_call_id: str
-    tool_name: str
-    update: Any
-    type: Literal["tool_execution_update"] = "tool_execution_update"
+    tool_name: str = ""
+    update: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolExecutionEnd:
+NO_RESULT = ToolResultMessage(tool_call_id="", tool_name="")
+"""Stands for a ``tool_execution_end`` a subprocess sent without its result;
+a loop's own ``ToolExecutionEnd`` always carries the real one."""
+
+
+class ToolExecutionEnd(_Event, frozen=True, tag="tool_execution_end"):
+    type: ClassVar[Literal["tool_execution_end"]] = "tool_execution_end"
     tool_call_id: str
-    tool_name: str
-    result: ToolResultMessage
-    type: Literal["tool_execution_end"] = "tool_execution_end"
+    tool_name: str = ""
+    result: ToolResultMessage = NO_RESULT
 
 
-@dataclass(frozen=True, slots=True)
-class TurnEnd:
-    turn: int
-    message: AssistantMessage
+class TurnEnd(_Event, frozen=True, tag="turn_end"):
+    type: ClassVar[Literal["turn_end"]] = "turn_end"
+    turn: int = 0
+    message: AssistantMessage = AssistantMessage()
     tool_results: tuple[ToolResultMessage, ...] = ()
-    type: Literal["turn_end"] = "turn_end"
 
 
-@dataclass(frozen=True, slots=True)
-class AgentEnd:
-    messages: tuple[Message, ...]
+class AgentEnd(_Event, frozen=True, tag="agent_end"):
+    type: ClassVar[Literal["agent_end"]] = "agent_end"
+    messages: tuple[Message, ...] = ()
     """Every message this run produced, input included, in order."""
     error: BaseException | None = None
-    """Set when the run stopped on a model error or was cancelled."""
-    type: Literal["agent_end"] = "agent_end"
+    """Set when the run stopped on a model error or was cancelled. On a JSON
+    wire it is the error's text."""
 
 
-AgentEvent: TypeAlias = (
-    AgentStart | TurnStart | MessageStart | MessageUpdate | MessageEnd | ToolExecutionStart
+PassedThrough: TypeAlias = (
+    AgentStart | TurnStart | MessageStart | MessageUpdate | ToolExecutionStart
     | ToolExecutionUpdate | ToolExecutionEnd | TurnEnd | AgentEnd
 )
+"""The events a durable run forwards as they are (it replaces only ``MessageEnd``)."""
+
+AgentEvent: TypeAlias = PassedThrough | MessageEnd
 
 
 class Loop(Protocol):

@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
+
+import msgspec
 
 from threadline.ai._messages import AssistantMessage, Message, ToolCall
 from threadline.errors import ModelError
@@ -94,89 +96,81 @@ class StreamOptions:
     """Provider-specific request fields, passed through unchanged."""
 
 
-@dataclass(frozen=True, slots=True)
-class StartEvent:
+class _StreamEvent(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type"):
+    """Base of the stream events: tagged by ``type``, as they appear on a JSON wire."""
+
+
+class StartEvent(_StreamEvent, frozen=True, tag="start"):
+    type: ClassVar[Literal["start"]] = "start"
     model: str
     provider: str
-    type: Literal["start"] = "start"
 
 
-@dataclass(frozen=True, slots=True)
-class TextStart:
+class TextStart(_StreamEvent, frozen=True, tag="text_start"):
+    type: ClassVar[Literal["text_start"]] = "text_start"
     index: int
-    type: Literal["text_start"] = "text_start"
 
 
-@dataclass(frozen=True, slots=True)
-class TextDelta:
+class TextDelta(_StreamEvent, frozen=True, tag="text_delta"):
+    type: ClassVar[Literal["text_delta"]] = "text_delta"
     index: int
     delta: str
-    type: Literal["text_delta"] = "text_delta"
 
 
-@dataclass(frozen=True, slots=True)
-class TextEnd:
+class TextEnd(_StreamEvent, frozen=True, tag="text_end"):
+    type: ClassVar[Literal["text_end"]] = "text_end"
     index: int
     text: str
-    type: Literal["text_end"] = "text_end"
 
 
-@dataclass(frozen=True, slots=True)
-class ThinkingStart:
+class ThinkingStart(_StreamEvent, frozen=True, tag="thinking_start"):
+    type: ClassVar[Literal["thinking_start"]] = "thinking_start"
     index: int
-    type: Literal["thinking_start"] = "thinking_start"
 
 
-@dataclass(frozen=True, slots=True)
-class ThinkingDelta:
+class ThinkingDelta(_StreamEvent, frozen=True, tag="thinking_delta"):
+    type: ClassVar[Literal["thinking_delta"]] = "thinking_delta"
     index: int
     delta: str
-    type: Literal["thinking_delta"] = "thinking_delta"
 
 
-@dataclass(frozen=True, slots=True)
-class ThinkingEnd:
+class ThinkingEnd(_StreamEvent, frozen=True, tag="thinking_end"):
+    type: ClassVar[Literal["thinking_end"]] = "thinking_end"
     index: int
     thinking: str
     signature: str | None = None
-    type: Literal["thinking_end"] = "thinking_end"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallStart:
+class ToolCallStart(_StreamEvent, frozen=True, tag="toolcall_start"):
+    type: ClassVar[Literal["toolcall_start"]] = "toolcall_start"
     index: int
     id: str
     name: str
-    type: Literal["toolcall_start"] = "toolcall_start"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
+class ToolCallDelta(_StreamEvent, frozen=True, tag="toolcall_delta"):
+    type: ClassVar[Literal["toolcall_delta"]] = "toolcall_delta"
     index: int
     delta: str
     """A fragment of the arguments' JSON text."""
-    type: Literal["toolcall_delta"] = "toolcall_delta"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallEnd:
+class ToolCallEnd(_StreamEvent, frozen=True, tag="toolcall_end"):
+    type: ClassVar[Literal["toolcall_end"]] = "toolcall_end"
     index: int
     tool_call: ToolCall
-    type: Literal["toolcall_end"] = "toolcall_end"
 
 
-@dataclass(frozen=True, slots=True)
-class DoneEvent:
+class DoneEvent(_StreamEvent, frozen=True, tag="done"):
+    type: ClassVar[Literal["done"]] = "done"
     message: AssistantMessage
-    type: Literal["done"] = "done"
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorEvent:
+class ErrorEvent(_StreamEvent, frozen=True, tag="error"):
+    type: ClassVar[Literal["error"]] = "error"
     message: AssistantMessage
     """Final message; stop reason ``error`` or ``aborted``, ``error_message`` set."""
     error: ModelError | None = None
-    type: Literal["error"] = "error"
 
 
 StreamEvent: TypeAlias = (

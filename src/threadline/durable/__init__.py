@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from threadline.agent._subprocess._loop import SubprocessFactory, SubprocessLoop, subprocess
+from threadline.agent._subprocess import subprocess
 from threadline.durable._agent import DurableAgent, Factory, PublishError, Run, RunInput, open
 from threadline.durable._compaction import (
     CompactionPlan,
@@ -23,8 +23,8 @@ from threadline.durable._events import (
     RunStarted,
     SessionBranched,
     SessionCompacted,
+    SessionCreated,
     SessionForked,
-    SessionInit,
     StoredMessageEnd,
 )
 from threadline.durable._factory import ModelFactory, model
@@ -46,11 +46,9 @@ __all__ = [
     "RunStarted",
     "SessionBranched",
     "SessionCompacted",
+    "SessionCreated",
     "SessionForked",
-    "SessionInit",
     "StoredMessageEnd",
-    "SubprocessFactory",
-    "SubprocessLoop",
     "TokenEstimate",
     "estimate_context_tokens",
     "estimate_path",

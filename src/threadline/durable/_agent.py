@@ -28,8 +28,8 @@ from threadline.durable._events import (
     RunStarted,
     SessionBranched,
     SessionCompacted,
+    SessionCreated,
     SessionForked,
-    SessionInit,
     StoredMessageEnd,
 )
 from threadline.durable._repair import orphaned_results
@@ -104,7 +104,7 @@ async def open(
     if repair:
         await agent._repair()
     if created:
-        agent._publish([SessionInit(session_id=session_id, parent_id=None)], agent)
+        agent._publish([SessionCreated(session_id=session_id, parent_id=None)], agent)
     return agent
 
 
@@ -245,7 +245,7 @@ class DurableAgent:
             [
                 SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,
                               entries_copied=len(copies)),
-                SessionInit(session_id=child_id, parent_id=self._session_id),
+                SessionCreated(session_id=child_id, parent_id=self._session_id),
             ],
             child,
         )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from typing import ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
-from threadline.agent._events import AgentEvent, MessageEnd
+import msgspec
+
+from threadline.agent._events import MessageEnd, PassedThrough
 from threadline.session._entries import CompactionEntry, Entry
 
 __all__ = [
@@ -17,69 +18,75 @@ __all__ = [
     "RunStarted",
     "SessionBranched",
     "SessionCompacted",
+    "SessionCreated",
     "SessionForked",
-    "SessionInit",
     "StoredMessageEnd",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RunStarted:
+class _Event(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type"):
+    pass
+
+
+class RunStarted(_Event, frozen=True, tag="run_started"):
     """First event of every durable run: the input is already stored."""
 
+    type: ClassVar[Literal["run_started"]] = "run_started"
     session_id: str
     entries: tuple[Entry, ...]
-    type: Literal["run_started"] = "run_started"
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessageEnd(MessageEnd):
-    """A ``MessageEnd`` whose message is already in the store, as ``entries``."""
+class StoredMessageEnd(MessageEnd, frozen=True, tag="message_end"):
+    """A ``MessageEnd`` whose message is already in the store, as ``entries``.
+
+    A durable run yields only these for ``message_end``, never a plain
+    ``MessageEnd``, so ``event.type == "message_end"`` narrows to this class.
+    """
 
     entries: tuple[Entry, ...] = ()
 
 
-RunEvent: TypeAlias = AgentEvent | RunStarted | StoredMessageEnd
+RunEvent: TypeAlias = PassedThrough | StoredMessageEnd | RunStarted
+"""What a durable run yields: the loop's events, each ``MessageEnd`` as a receipt."""
 
 
-@dataclass(frozen=True, slots=True)
-class SessionInit:
-    """A session was created (by ``open``, or as a fork's child)."""
+class SessionCreated(_Event, frozen=True, tag="session_init"):
+    """A session was created (by ``open``, or as a fork's child).
 
+    Published as ``session_init``, the lifecycle name DESIGN.md gives it.
+    """
+
+    type: ClassVar[Literal["session_init"]] = "session_init"
     session_id: str
     parent_id: str | None
-    type: Literal["session_init"] = "session_init"
 
 
-@dataclass(frozen=True, slots=True)
-class SessionBranched:
+class SessionBranched(_Event, frozen=True, tag="session_branched"):
     """The in-memory leaf moved; the next append continues from ``to_id``."""
 
+    type: ClassVar[Literal["session_branched"]] = "session_branched"
     session_id: str
     from_id: str | None
     to_id: str | None
-    type: Literal["session_branched"] = "session_branched"
 
 
-@dataclass(frozen=True, slots=True)
-class SessionForked:
+class SessionForked(_Event, frozen=True, tag="session_forked"):
     """``session_id``'s active path was copied into the new session ``child_id``."""
 
+    type: ClassVar[Literal["session_forked"]] = "session_forked"
     session_id: str
     child_id: str
     leaf_id: str | None
     entries_copied: int
-    type: Literal["session_forked"] = "session_forked"
 
 
-@dataclass(frozen=True, slots=True)
-class SessionCompacted:
+class SessionCompacted(_Event, frozen=True, tag="session_compacted"):
+    type: ClassVar[Literal["session_compacted"]] = "session_compacted"
     session_id: str
     entry: CompactionEntry
-    type: Literal["session_compacted"] = "session_compacted"
 
 
-LifecycleEvent: TypeAlias = SessionInit | SessionBranched | SessionForked | SessionCompacted
+LifecycleEvent: TypeAlias = SessionCreated | SessionBranched | SessionForked | SessionCompacted
 
 
 @runtime_checkable

@@ -50,8 +50,12 @@ __all__ = ["assert_event_order", "assert_stream_order"]
 
 
 _STARTS = (TextStart, ThinkingStart, ToolCallStart)
-_DELTAS = {TextStart: TextDelta, ThinkingStart: ThinkingDelta, ToolCallStart: ToolCallDelta}
-_ENDS = {TextStart: TextEnd, ThinkingStart: ThinkingEnd, ToolCallStart: ToolCallEnd}
+_DELTAS: dict[type, type] = {
+    TextStart: TextDelta, ThinkingStart: ThinkingDelta, ToolCallStart: ToolCallDelta,
+}
+_ENDS: dict[type, type] = {
+    TextStart: TextEnd, ThinkingStart: ThinkingEnd, ToolCallStart: ToolCallEnd,
+}
 
 
 def assert_stream_order(updates: Sequence[StreamEvent], message: AssistantMessage) -> None:
