@@ -441,7 +441,7 @@ class _HeldCreate:
         await self.inner.append_entries(session_id, entries)
 
 
-async def test_compact_checks_the_path_it_appends_to_not_the_one_it_was_called_on(
+async def test_s27_branch_cannot_pull_the_path_from_under_a_waiting_compaction(
     store: Store,
 ) -> None:
     await store.create_session(SessionRecord(id="race"))
@@ -452,12 +452,12 @@ async def test_compact_checks_the_path_it_appends_to_not_the_one_it_was_called_o
     await held.entered.wait()
     compact = asyncio.create_task(agent.compact("s", kept.id))  # waits for the fork
     await asyncio.sleep(0)
-    agent.branch(first.id)  # ``kept`` is now off the active path
+    with pytest.raises(AgentError, match="in flight"):
+        agent.branch(first.id)  # would take ``kept`` off the path compact was called on
     held.release.set()
     await fork
-    with pytest.raises(AgentError, match="not on the active path"):
-        await compact
-    assert [e.id for e in await store.load_entries("race")] == [first.id, kept.id]
+    entry = await compact
+    assert [e.id for e in await store.load_entries("race")] == [first.id, kept.id, entry.id]
 
 
 async def test_s5_session_record_carries_no_application_metadata(store: Store) -> None:

@@ -179,9 +179,7 @@ async def _fork(store: object, args: argparse.Namespace, console: Console) -> No
     from threadline.session._store import Store
 
     assert isinstance(store, Store)
-    # Loading first: open() would create a session that does not exist.
-    entries = await store.load_entries(args.session)
-    agent = durable.DurableAgent(None, store=store, session_id=args.session, entries=entries)
+    agent = await durable.open(None, store=store, session_id=args.session, create=False)
     child = await agent.fork(args.id)
     console.print(f"forked {args.session} -> {child.session_id} "
                   f"({len(child.entries)} entries)")

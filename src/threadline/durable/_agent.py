@@ -46,7 +46,7 @@ from threadline.session._entries import (
 )
 from threadline.session._ids import new_id
 from threadline.session._store import Store
-from threadline.session._tree import TreeIndex
+from threadline.session._tree import TreeIndex, TreeView
 
 __all__ = ["DurableAgent", "Factory", "PublishError", "Run", "RunInput", "open"]
 
@@ -56,6 +56,8 @@ Factory: TypeAlias = Callable[[], Loop]
 """Builds the inner loop for one run."""
 
 RunInput: TypeAlias = str | Message | Sequence[Message]
+
+_OPENING = object()  # only open() and fork() build agents: they load, create and repair
 
 
 class PublishError(AgentError):
@@ -78,10 +80,13 @@ async def open(
     publisher: PublisherLike | None = None,
     repair: bool = True,
     compaction: CompactionPolicy | None = None,
+    create: bool = True,
 ) -> DurableAgent:
     """Resume the session ``session_id`` or create it (S2).
 
     With no ``session_id`` a new one is generated (``agent.session_id``).
+    With ``create=False`` an unknown ``session_id`` raises ``SessionNotFound``
+    instead of being created.
     Tool calls on the active path left without results by a crash get
     synthesized "interrupted" results appended (S12) unless ``repair=False``.
     With ``compaction``, each run first compacts the session when its context
@@ -92,6 +97,8 @@ async def open(
     try:
         entries = await store.load_entries(session_id)
     except SessionNotFound:
+        if not create:
+            raise
         try:
             await store.create_session(SessionRecord(id=session_id, created_at=utcnow()))
             entries = []
@@ -100,7 +107,7 @@ async def open(
             # Another agent created it between our load and our create: resume it.
             entries = await store.load_entries(session_id)
     agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
-                         publisher=publisher, compaction=compaction)
+                         publisher=publisher, compaction=compaction, _opening=_OPENING)
     if repair:
         await agent._repair()
     if created:
@@ -120,7 +127,13 @@ class DurableAgent:
         entries: Sequence[Entry] = (),
         publisher: PublisherLike | None = None,
         compaction: CompactionPolicy | None = None,
+        _opening: object = None,
     ) -> None:
+        if _opening is not _OPENING:
+            raise AgentError(
+                "a DurableAgent is opened with 'await durable.open(factory, store=..., "
+                "session_id=...)', which loads or creates the session and repairs it"
+            )
         if compaction is not None and factory is not None:
             compaction.models(factory)  # no model to summarise with: fail now
         self._compaction = compaction
@@ -170,8 +183,9 @@ class DurableAgent:
         return self._tree.leaf_id
 
     @property
-    def tree(self) -> TreeIndex:
-        return self._tree
+    def tree(self) -> TreeView:
+        """The session's tree, read-only; it follows the agent as entries are added."""
+        return self._tree.view()
 
     def get(self, entry_id: str) -> Entry:
         return self._tree.get(entry_id)
@@ -204,13 +218,20 @@ class DurableAgent:
         """Move the leaf in memory; the next append becomes a child of ``entry_id``.
 
         ``None`` makes the next append a new root. Nothing is written: the
-        branch exists once something is appended to it.
+        branch exists once something is appended to it. Refused while a run,
+        append, fork or compaction is in flight, whose write would otherwise
+        move the leaf back (S27).
         """
         if self._run_task is not None:
             raise AgentError(
                 f"cannot branch session {self._session_id!r} while a run is in progress "
                 "(a run left with break is closed by the event loop soon after; iterate it "
                 "in 'async with agent.run(...)' to have it closed when the block exits)"
+            )
+        if self._lock.locked():
+            raise AgentError(
+                f"cannot branch session {self._session_id!r} while an append, fork or "
+                "compaction is in flight: await it first"
             )
         before = self._tree.leaf_id
         self._tree.set_leaf(entry_id)
@@ -240,7 +261,7 @@ class DurableAgent:
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
                              entries=copies, publisher=self._publisher,
-                             compaction=self._compaction)
+                             compaction=self._compaction, _opening=_OPENING)
         self._publish(
             [
                 SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,

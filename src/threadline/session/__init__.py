@@ -23,7 +23,7 @@ from threadline.session._file import FileStore
 from threadline.session._ids import new_id
 from threadline.session._memory import MemoryStore
 from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store
-from threadline.session._tree import TreeIndex
+from threadline.session._tree import TreeIndex, TreeView
 
 if TYPE_CHECKING:
     from threadline.session._postgres import PostgresStore
@@ -48,6 +48,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "TreeIndex",
+    "TreeView",
     "build_context",
     "custom_kinds",
     "decode_entry",
