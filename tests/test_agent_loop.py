@@ -28,7 +28,6 @@ from threadline.agent import (
     ToolExecutionUpdate,
     TurnEnd,
     TurnStart,
-    run,
 )
 from threadline.ai import (
     AssistantMessage,
@@ -359,13 +358,14 @@ async def test_a_model_that_raises_or_stops_early_still_ends_the_run() -> None:
     assert isinstance(end.error, ModelError) and "without a final event" in str(end.error)
 
 
-async def test_function_form_accepts_text_and_plain_functions() -> None:
+async def test_plain_functions_are_tools() -> None:
     def shout(text: str) -> str:
         """Upper-case text."""
         return text.upper()
 
     model = ScriptedModel([Turn.tool_call("shout", {"text": "hey"}), Turn.text("ok")])
-    events = [e async for e in run(model, [], "go", tools=[shout], system="s")]
+    loop = AgentLoop(model, [shout], system="s")
+    events = [e async for e in loop.run([], [UserMessage.of("go")])]
     end = check_order(events)
     assert isinstance(end.messages[0], UserMessage) and end.messages[0].text == "go"
     result = end.messages[2]

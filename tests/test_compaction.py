@@ -41,10 +41,7 @@ from threadline.durable import (
     LifecycleEvent,
     SessionCompacted,
     TokenEstimate,
-    estimate_context_tokens,
     estimate_path,
-    estimate_tokens,
-    find_cut_point,
     plan_compaction,
     summarize,
 )
@@ -53,6 +50,7 @@ from threadline.durable._compaction import (
     MESSAGE_OVERHEAD_TOKENS,
     SUMMARY_SYSTEM_PROMPT,
     TRUNCATE_CHARS,
+    estimate_tokens,
 )
 from threadline.errors import AgentError, ConfigError, ModelError, RateLimitError
 from threadline.session import (
@@ -106,6 +104,15 @@ def compaction(summary: str, kept: str) -> CompactionEntry:
     return CompactionEntry(summary=summary, first_kept_entry_id=kept, timestamp=TS)
 
 
+def cut_point(path: list[Entry], keep_recent_tokens: int) -> str | None:
+    plan = plan_compaction(path, keep_recent_tokens)
+    return plan.first_kept_entry_id if plan is not None else None
+
+
+def context_tokens(messages: list[Message]) -> int:
+    return estimate_path(chain(*messages)).tokens
+
+
 def text_cost(text: str) -> int:
     return MESSAGE_OVERHEAD_TOKENS + -(-len(text.encode()) // 4)
 
@@ -135,14 +142,14 @@ def test_estimate_prefers_the_last_reported_usage_plus_heuristic_after_it() -> N
     reported = Usage(input_tokens=900, output_tokens=50, cache_read_tokens=40)
     after: list[Message] = [result("c1", "z" * 80), user("next question")]
     messages: list[Message] = [user("q"), asst("", "c1", usage=reported), *after]
-    assert estimate_context_tokens(messages) == 990 + sum(estimate_tokens(m) for m in after)
+    assert context_tokens(messages) == 990 + sum(estimate_tokens(m) for m in after)
     # No usage anywhere: the heuristic for everything.
     plain: list[Message] = [user("q"), asst("a"), user("r")]
-    assert estimate_context_tokens(plain) == sum(estimate_tokens(m) for m in plain)
+    assert context_tokens(plain) == sum(estimate_tokens(m) for m in plain)
     # An aborted or failed reply's usage is partial: the one before it counts.
     aborted = asst("partial", usage=Usage(input_tokens=5), stop="aborted")
     later: list[Message] = [aborted, user("again")]
-    assert estimate_context_tokens([*messages, *later]) == (
+    assert context_tokens([*messages, *later]) == (
         990 + sum(estimate_tokens(m) for m in [*after, *later])
     )
 
@@ -168,9 +175,9 @@ def test_estimate_path_ignores_usage_billed_before_the_latest_compaction() -> No
 def test_cut_keeps_about_keep_recent_tokens_starting_at_a_user_message() -> None:
     turn = "w" * 400  # 104 tokens per message
     path = chain(user(turn), asst(turn), user(turn), asst(turn), user(turn), asst(turn))
-    assert find_cut_point(path, 150) == "e4"   # last turn holds 208 >= 150
-    assert find_cut_point(path, 250) == "e3"   # an assistant message starts a turn too
-    assert find_cut_point(path, 0) == "e5"
+    assert cut_point(path, 150) == "e4"   # last turn holds 208 >= 150
+    assert cut_point(path, 250) == "e3"   # an assistant message starts a turn too
+    assert cut_point(path, 0) == "e5"
     plan = plan_compaction(path, 150)
     assert plan is not None
     assert plan.messages == tuple(build_context(path[:4]))
@@ -189,14 +196,14 @@ def test_cut_never_separates_a_tool_call_from_its_results() -> None:
     )
     # The reply costs 5 tokens; keeping one more token means keeping the
     # huge results, and with them the call that asked for them.
-    assert find_cut_point(path, 5) == "e4"
-    assert find_cut_point(path, 6) == "e1"
+    assert cut_point(path, 5) == "e4"
+    assert cut_point(path, 6) == "e1"
     # e1 onwards is 13 + 2 * 1006 + 5 tokens; beyond that only e0 could
     # start the tail, which would fold nothing.
-    assert find_cut_point(path, 2030) == "e1"
-    assert find_cut_point(path, 2031) is None
+    assert cut_point(path, 2030) == "e1"
+    assert cut_point(path, 2031) is None
     for keep in range(0, 2200, 10):
-        assert find_cut_point(path, keep) in {"e4", "e1", None}
+        assert cut_point(path, keep) in {"e4", "e1", None}
 
 
 def test_cut_skips_points_between_a_call_and_a_late_result() -> None:
@@ -204,21 +211,21 @@ def test_cut_skips_points_between_a_call_and_a_late_result() -> None:
     path = chain(user("start"), asst("", "c1"), user("meanwhile"), result("c1"),
                  asst("answer"), user("thanks"))
     # e2 is a user message but cutting there would strand the result of c1.
-    cuts = {find_cut_point(path, keep) for keep in range(0, 200)}
+    cuts = {cut_point(path, keep) for keep in range(0, 200)}
     assert "e2" not in cuts and "e3" not in cuts
     assert cuts <= {"e5", "e4", "e1", None}
 
 
 def test_nothing_to_compact_returns_none() -> None:
-    assert find_cut_point([], 0) is None
-    assert find_cut_point(chain(user("only")), 0) is None
+    assert cut_point([], 0) is None
+    assert cut_point(chain(user("only")), 0) is None
     path = chain(user("a"), asst("b"))
-    assert find_cut_point(path, 10_000) is None
+    assert cut_point(path, 10_000) is None
     # Only invisible entries before the cut: nothing would be folded.
     path2 = chain(CustomEntry(kind="k", data=None, timestamp=TS), user("a"))
-    assert find_cut_point(path2, 0) is None
+    assert cut_point(path2, 0) is None
     with pytest.raises(ConfigError):
-        find_cut_point(path, -1)
+        cut_point(path, -1)
 
 
 def test_cut_respects_an_earlier_compaction_and_carries_its_summary() -> None:
@@ -233,7 +240,7 @@ def test_cut_respects_an_earlier_compaction_and_carries_its_summary() -> None:
     # Only what the context still shows verbatim is folded: e2 e3 e5 e6, not e0 e1.
     assert plan.messages == (user(w), asst(w), user(w), asst(w))
     # A cut can go back into the previous kept tail, but never before it.
-    assert {find_cut_point(path, k) for k in range(0, 2000, 25)} <= {
+    assert {cut_point(path, k) for k in range(0, 2000, 25)} <= {
         "e8", "e7", "e6", "e5", "e3", None
     }
 
@@ -288,7 +295,6 @@ def _check_compaction(path: list[Entry], keep: int, summary: str) -> list[Entry]
     plan = plan_compaction(path, keep)
     if plan is None:
         return None
-    assert find_cut_point(path, keep) == plan.first_kept_entry_id
     cut = next(e for e in path if e.id == plan.first_kept_entry_id)
     assert isinstance(cut, MessageEntry | CustomMessageEntry | BranchSummaryEntry)
     if isinstance(cut, MessageEntry):
@@ -400,7 +406,7 @@ async def test_compact_with_sends_a_structured_summary_request(storage: Storage)
     # The stored entry and what the model sees from now on.
     assert entry.summary == SUMMARY
     assert entry.first_kept_entry_id == agent.path()[-2].id
-    assert entry.tokens_before == estimate_context_tokens(before) > 0
+    assert entry.tokens_before == context_tokens(before) > 0
     assert entry.details["trigger"] == "manual"
     assert entry.details["estimate"] == "heuristic"
     assert entry.details["model"] == "scripted:scripted-model"

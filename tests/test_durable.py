@@ -181,7 +181,7 @@ def multi_tool_script() -> list[Turn]:
     ]
 
 
-def weather_factory(script: list[Turn] | None = None, **options: Any) -> durable.ModelFactory:
+def weather_factory(script: list[Turn] | None = None, **options: Any) -> durable.Factory:
     return durable.model(ScriptedModel(script or multi_tool_script()), [get_weather], **options)
 
 

@@ -19,7 +19,7 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.agent._loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny, run
+from threadline.agent._loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny
 
 __all__ = [
     "AfterToolCall",
@@ -38,5 +38,4 @@ __all__ = [
     "ToolExecutionUpdate",
     "TurnEnd",
     "TurnStart",
-    "run",
 ]

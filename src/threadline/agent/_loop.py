@@ -68,7 +68,6 @@ from threadline.ai._messages import (
     TextPart,
     ToolCall,
     ToolResultMessage,
-    UserMessage,
     synthesized_result,
 )
 from threadline.ai._model import (
@@ -83,7 +82,7 @@ from threadline.ai._model import (
 from threadline.ai._tools import Tool, ToolResult
 from threadline.errors import AgentError, ConfigError, ModelError, ToolError
 
-__all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny", "run"]
+__all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny"]
 
 _T = TypeVar("_T")
 
@@ -339,29 +338,6 @@ class AgentLoop:
             tool_call_id=call.id, tool_name=call.name, content=result.content,
             is_error=result.is_error, details=result.details,
         )
-
-
-def run(
-    model: LanguageModel,
-    context: Sequence[Message],
-    input: str | Sequence[Message],
-    *,
-    tools: Iterable[Tool | Callable[..., Any]] = (),
-    system: str | None = None,
-    abort: asyncio.Event | None = None,
-    max_turns: int | None = 50,
-    parallel_tools: bool = True,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    options: StreamOptions | None = None,
-) -> AsyncIterator[AgentEvent]:
-    """One run of an ``AgentLoop``; ``input`` may be plain text for one user message."""
-    loop = AgentLoop(
-        model, tools, system=system, max_turns=max_turns, parallel_tools=parallel_tools,
-        before_tool_call=before_tool_call, after_tool_call=after_tool_call, options=options,
-    )
-    messages = [UserMessage.of(input)] if isinstance(input, str) else input
-    return loop.run(context, messages, abort=abort)
 
 
 async def _resolve(value: _T | Awaitable[_T]) -> _T:

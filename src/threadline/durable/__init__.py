@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from threadline.agent._subprocess import subprocess
-from threadline.durable._agent import DurableAgent, Factory, PublishError, Run, RunInput, open
+from threadline.durable._agent import DurableAgent, PublishError, Run, RunInput, open
 from threadline.durable._compaction import (
     CompactionPlan,
     CompactionPolicy,
     TokenEstimate,
-    estimate_context_tokens,
     estimate_path,
-    estimate_tokens,
-    find_cut_point,
     plan_compaction,
     summarize,
 )
@@ -27,7 +24,7 @@ from threadline.durable._events import (
     SessionForked,
     StoredMessageEnd,
 )
-from threadline.durable._factory import ModelFactory, model
+from threadline.durable._factory import Factory, model
 from threadline.durable._repair import orphaned_results
 
 __all__ = [
@@ -36,7 +33,6 @@ __all__ = [
     "DurableAgent",
     "Factory",
     "LifecycleEvent",
-    "ModelFactory",
     "PublishError",
     "Publisher",
     "PublisherLike",
@@ -50,10 +46,7 @@ __all__ = [
     "SessionForked",
     "StoredMessageEnd",
     "TokenEstimate",
-    "estimate_context_tokens",
     "estimate_path",
-    "estimate_tokens",
-    "find_cut_point",
     "model",
     "open",
     "orphaned_results",

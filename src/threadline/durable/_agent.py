@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from threadline.agent._events import AgentEvent, Loop, MessageEnd
+from threadline.agent._events import AgentEvent, MessageEnd
 from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 from threadline.ai._model import LanguageModel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
@@ -32,6 +32,7 @@ from threadline.durable._events import (
     SessionForked,
     StoredMessageEnd,
 )
+from threadline.durable._factory import Factory
 from threadline.durable._repair import orphaned_results
 from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
 from threadline.session._codec import rechain_opaque
@@ -48,12 +49,9 @@ from threadline.session._ids import new_id
 from threadline.session._store import Store
 from threadline.session._tree import TreeIndex, TreeView
 
-__all__ = ["DurableAgent", "Factory", "PublishError", "Run", "RunInput", "open"]
+__all__ = ["DurableAgent", "PublishError", "Run", "RunInput", "open"]
 
 log = logging.getLogger("threadline.durable")
-
-Factory: TypeAlias = Callable[[], Loop]
-"""Builds the inner loop for one run."""
 
 RunInput: TypeAlias = str | Message | Sequence[Message]
 

@@ -2,10 +2,11 @@
 
 The pure core takes entries or messages and returns values:
 
-- ``estimate_tokens`` / ``estimate_context_tokens`` / ``estimate_path``: how
-  big a context is, preferring the token count a provider reported;
-- ``plan_compaction`` / ``find_cut_point``: where the kept tail starts, at a
-  point that never separates a tool call from its result, and what is folded.
+- ``estimate_path``: how big the context of a path is, preferring the token
+  count a provider reported (``estimate_tokens`` is the heuristic for one
+  message);
+- ``plan_compaction``: where the kept tail starts, at a point that never
+  separates a tool call from its result, and what is folded.
 
 At the edge, ``summarize`` asks a ``LanguageModel`` for the summary, and
 ``compact_agent`` / ``maybe_compact`` drive a ``DurableAgent`` (they back
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -40,19 +41,25 @@ from threadline.ai._messages import (
 )
 from threadline.ai._model import DoneEvent, ErrorEvent, LanguageModel, Request, StreamOptions
 from threadline.errors import ConfigError, ModelError
-from threadline.session._context import BRANCH_SUMMARY_PREFIX, build_context
-from threadline.session._entries import (
-    BranchSummaryEntry,
-    CompactionEntry,
-    CustomMessageEntry,
-    Entry,
-    MessageEntry,
-)
+from threadline.session._context import build_context, model_view, visible_entries
+from threadline.session._entries import CompactionEntry, Entry, MessageEntry
 
 if TYPE_CHECKING:
     import asyncio
 
-    from threadline.durable._agent import DurableAgent
+
+class _Compactable(Protocol):
+    """What compaction needs of a durable agent (so this module need not import it)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    def path(self) -> list[Entry]: ...
+
+    async def compact(
+        self, summary: str, first_kept_entry_id: str, *, tokens_before: int = 0,
+        details: Any = None,
+    ) -> CompactionEntry: ...
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -63,10 +70,8 @@ __all__ = [
     "CompactionPolicy",
     "TokenEstimate",
     "compact_agent",
-    "estimate_context_tokens",
     "estimate_path",
     "estimate_tokens",
-    "find_cut_point",
     "maybe_compact",
     "plan_compaction",
     "summarize",
@@ -150,13 +155,6 @@ def _estimate(
     return TokenEstimate(estimated_tokens=estimated)
 
 
-def estimate_context_tokens(messages: Sequence[Message]) -> int:
-    """Estimated tokens of a context: the usage the latest assistant reply
-    reported, plus the heuristic for the messages after it (all of them when no
-    reply reports usage)."""
-    return _estimate(messages, lambda _: True).tokens
-
-
 def estimate_path(path: Sequence[Entry]) -> TokenEstimate:
     """Estimated size of the context ``build_context(path)`` gives.
 
@@ -165,8 +163,7 @@ def estimate_path(path: Sequence[Entry]) -> TokenEstimate:
     larger context that existed before it.
     """
     messages = build_context(path)
-    last = _last_compaction(path)
-    fresh = {id(e.message) for e in path[last + 1 :] if isinstance(e, MessageEntry)}
+    fresh = {id(e.message) for e in visible_entries(path).recent if isinstance(e, MessageEntry)}
     return _estimate(messages, lambda m: id(m) in fresh)
 
 
@@ -189,44 +186,6 @@ class CompactionPlan:
     """Heuristic size of the kept tail."""
 
 
-def _last_compaction(path: Sequence[Entry]) -> int:
-    for i in range(len(path) - 1, -1, -1):
-        if isinstance(path[i], CompactionEntry):
-            return i
-    return -1
-
-
-def _live(path: Sequence[Entry]) -> tuple[list[int], str | None]:
-    """Indices of the entries the current context is built from, and the
-    summary standing in for everything before them (mirrors ``build_context``)."""
-    c = _last_compaction(path)
-    if c < 0:
-        return list(range(len(path))), None
-    latest = path[c]
-    assert isinstance(latest, CompactionEntry)
-    kept = next((j for j in range(c) if path[j].id == latest.first_kept_entry_id), c)
-    live = [j for j in range(kept, len(path))
-            if not isinstance(path[j], CompactionEntry)]
-    return live, latest.summary
-
-
-def _seen_as(entry: Entry) -> Message | None:
-    """The message the model sees for ``entry``, or None if it sees none."""
-    if isinstance(entry, MessageEntry):
-        m = entry.message
-        if isinstance(m, AssistantMessage) and (
-            m.stop_reason == "error"
-            or all(isinstance(p, TextPart) and not p.text for p in m.content)
-        ):
-            return None  # build_context drops these
-        return m
-    if isinstance(entry, CustomMessageEntry):
-        return UserMessage(content=entry.content)
-    if isinstance(entry, BranchSummaryEntry):
-        return UserMessage.of(BRANCH_SUMMARY_PREFIX + entry.summary)
-    return None
-
-
 def plan_compaction(path: Sequence[Entry], keep_recent_tokens: int) -> CompactionPlan | None:
     """Plan a compaction that keeps about ``keep_recent_tokens`` of recent context.
 
@@ -242,15 +201,17 @@ def plan_compaction(path: Sequence[Entry], keep_recent_tokens: int) -> Compactio
     """
     if keep_recent_tokens < 0:
         raise ConfigError(f"keep_recent_tokens must be >= 0, got {keep_recent_tokens}")
-    live, previous_summary = _live(path)
+    visible = visible_entries(path)
+    live = visible.entries
+    previous_summary = visible.compaction.summary if visible.compaction is not None else None
     # A result answers the most recent open call with its id (as in
     # normalize_tool_pairs); every point after that call up to the result is
     # unsafe. Counted with a difference array over positions in ``live``.
     blocked = [0] * (len(live) + 1)
     open_calls: dict[str, int] = {}
     seen: list[Message | None] = []
-    for pos, j in enumerate(live):
-        m = _seen_as(path[j])
+    for pos, entry in enumerate(live):
+        m = model_view(entry)
         seen.append(m)
         if isinstance(m, AssistantMessage):
             for call in m.tool_calls:
@@ -274,22 +235,16 @@ def plan_compaction(path: Sequence[Entry], keep_recent_tokens: int) -> Compactio
             break
     if cut is None:
         return None
-    folded = build_context([path[j] for j in live[:cut]])
+    folded = build_context(live[:cut])
     if not folded:
         return None
     return CompactionPlan(
-        first_kept_entry_id=path[live[cut]].id,
+        first_kept_entry_id=live[cut].id,
         messages=tuple(folded),
         previous_summary=previous_summary,
         tokens_before=estimate_path(path),
         kept_tokens=tail,
     )
-
-
-def find_cut_point(path: Sequence[Entry], keep_recent_tokens: int) -> str | None:
-    """The entry id where the kept tail starts, or None (see ``plan_compaction``)."""
-    plan = plan_compaction(path, keep_recent_tokens)
-    return plan.first_kept_entry_id if plan is not None else None
 
 
 # -- the summary request -------------------------------------------------------
@@ -489,7 +444,7 @@ class CompactionPolicy:
 
 
 async def compact_agent(
-    agent: DurableAgent,
+    agent: _Compactable,
     model: LanguageModel,
     *,
     keep_recent_tokens: int,
@@ -525,7 +480,7 @@ async def compact_agent(
 
 
 async def maybe_compact(
-    agent: DurableAgent, policy: CompactionPolicy, factory: object, input: Sequence[Message]
+    agent: _Compactable, policy: CompactionPolicy, factory: object, input: Sequence[Message]
 ) -> CompactionEntry | None:
     """Compact ``agent`` if its context plus ``input`` is over the policy's threshold."""
     summarizer, window = policy.models(factory)

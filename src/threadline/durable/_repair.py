@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from threadline.ai._messages import AssistantMessage, ToolResultMessage
-from threadline.session._context import interrupted_result
+from threadline.session._context import interrupted_result, sent_to_model
 from threadline.session._entries import Entry, MessageEntry
 
 __all__ = ["orphaned_results"]
@@ -26,7 +26,7 @@ def orphaned_results(path: Sequence[Entry]) -> list[ToolResultMessage]:
             continue
         message = entry.message
         if isinstance(message, AssistantMessage):
-            if message.stop_reason == "error":
+            if not sent_to_model(message):
                 continue  # a failed request's calls never ran and are never sent back
             for call in message.tool_calls:
                 open_calls[call.id] = call.name

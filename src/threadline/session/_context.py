@@ -9,6 +9,7 @@ or empty assistant messages (which some providers reject) are left out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from threadline.ai._messages import (
     AssistantMessage,
@@ -29,9 +30,13 @@ from threadline.session._entries import (
 __all__ = [
     "BRANCH_SUMMARY_PREFIX",
     "COMPACTION_PREFIX",
+    "Visible",
     "build_context",
     "interrupted_result",
+    "model_view",
     "normalize_tool_pairs",
+    "sent_to_model",
+    "visible_entries",
 ]
 
 COMPACTION_PREFIX = (
@@ -47,42 +52,77 @@ def interrupted_result(call_id: str, tool_name: str) -> ToolResultMessage:
     return synthesized_result(call_id, tool_name, "interrupted")
 
 
-def build_context(path: Sequence[Entry]) -> list[Message]:
-    """The messages a model should see for ``path`` (root first)."""
-    start = 0
-    messages: list[Message] = []
+@dataclass(frozen=True, slots=True)
+class Visible:
+    """What of a path the model sees: the latest compaction and the entries it shows."""
+
+    compaction: CompactionEntry | None
+    """The latest compaction on the path; its summary stands for what it folded."""
+    kept: list[Entry]
+    """Entries before that compaction that it kept verbatim (empty without one)."""
+    recent: list[Entry]
+    """Entries after it (the whole path when there is none)."""
+
+    @property
+    def entries(self) -> list[Entry]:
+        return self.kept + self.recent
+
+
+def visible_entries(path: Sequence[Entry]) -> Visible:
+    """Split ``path`` (root first) the way ``build_context`` reads it.
+
+    Compaction entries themselves are never among the entries shown.
+    """
     for i in range(len(path) - 1, -1, -1):
         entry = path[i]
         if isinstance(entry, CompactionEntry):
-            messages.append(UserMessage.of(COMPACTION_PREFIX + entry.summary))
-            kept = next(
-                (j for j in range(i) if path[j].id == entry.first_kept_entry_id), i
-            )
-            messages.extend(_visible(path[kept:i]))
-            start = i + 1
-            break
-    messages.extend(_visible(path[start:]))
+            start = next((j for j in range(i) if path[j].id == entry.first_kept_entry_id), i)
+            return Visible(entry, _shown(path[start:i]), _shown(path[i + 1 :]))
+    return Visible(None, [], _shown(path))
+
+
+def _shown(entries: Sequence[Entry]) -> list[Entry]:
+    return [e for e in entries if not isinstance(e, CompactionEntry)]
+
+
+def sent_to_model(message: AssistantMessage) -> bool:
+    """Whether a stored assistant message goes into the context at all.
+
+    A failed request (``stop_reason="error"``) never happened as far as the
+    model is concerned, and an empty message (an aborted stream can leave a
+    text block that never got a character) is rejected by providers.
+    """
+    if message.stop_reason == "error":
+        return False
+    return not all(isinstance(p, TextPart) and not p.text for p in message.content)
+
+
+def model_view(entry: Entry) -> Message | None:
+    """The message the model sees for ``entry``, or None if it sees none.
+
+    Custom entries and entries of unknown types are application state the
+    model never sees; compactions are read by ``visible_entries``.
+    """
+    if isinstance(entry, MessageEntry):
+        m = entry.message
+        if isinstance(m, AssistantMessage) and not sent_to_model(m):
+            return None
+        return m
+    if isinstance(entry, CustomMessageEntry):
+        return UserMessage(content=entry.content)
+    if isinstance(entry, BranchSummaryEntry):
+        return UserMessage.of(BRANCH_SUMMARY_PREFIX + entry.summary)
+    return None
+
+
+def build_context(path: Sequence[Entry]) -> list[Message]:
+    """The messages a model should see for ``path`` (root first)."""
+    visible = visible_entries(path)
+    messages: list[Message] = []
+    if visible.compaction is not None:
+        messages.append(UserMessage.of(COMPACTION_PREFIX + visible.compaction.summary))
+    messages.extend(m for e in visible.entries if (m := model_view(e)) is not None)
     return normalize_tool_pairs(messages)
-
-
-def _visible(entries: Sequence[Entry]) -> list[Message]:
-    out: list[Message] = []
-    for entry in entries:
-        if isinstance(entry, MessageEntry):
-            out.append(entry.message)
-        elif isinstance(entry, CustomMessageEntry):
-            out.append(UserMessage(content=entry.content))
-        elif isinstance(entry, BranchSummaryEntry):
-            out.append(UserMessage.of(BRANCH_SUMMARY_PREFIX + entry.summary))
-        # Compaction entries were handled by the caller; custom and opaque
-        # entries are application state the model never sees.
-    return out
-
-
-def _is_empty(m: AssistantMessage) -> bool:
-    # An aborted stream can leave a text block that never got a character;
-    # providers reject such a message as much as one with no content at all.
-    return all(isinstance(p, TextPart) and not p.text for p in m.content)
 
 
 def normalize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
@@ -103,7 +143,7 @@ def normalize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
                 slot[0][slot[1]] = m
             continue
         if isinstance(m, AssistantMessage):
-            if m.stop_reason == "error" or _is_empty(m):
+            if not sent_to_model(m):
                 continue
             out.append(m)
             calls = m.tool_calls

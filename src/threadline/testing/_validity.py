@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadline.ai._messages import AssistantMessage, Message, TextPart, ToolResultMessage
+from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage
+from threadline.session._context import sent_to_model
 
 __all__ = ["assert_valid_for_providers"]
 
@@ -36,10 +37,10 @@ def assert_valid_for_providers(messages: Sequence[Message]) -> None:
         i += 1
         if not isinstance(m, AssistantMessage):
             continue
-        if m.stop_reason == "error":
-            raise AssertionError(f"message {i - 1}: assistant message with stop_reason 'error'")
-        if all(isinstance(p, TextPart) and not p.text for p in m.content):
-            raise AssertionError(f"message {i - 1}: empty assistant message")
+        if not sent_to_model(m):
+            raise AssertionError(f"message {i - 1}: " + (
+                "assistant message with stop_reason 'error'" if m.stop_reason == "error"
+                else "empty assistant message"))
         call_ids = [c.id for c in m.tool_calls]
         if len(set(call_ids)) != len(call_ids):
             raise AssertionError(f"message {i - 1}: repeated tool call ids {call_ids}")
