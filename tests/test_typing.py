@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 
 from mypy import api as mypy_api
@@ -42,3 +43,18 @@ def test_typing_check_detects_a_wrong_claim(tmp_path: Path) -> None:
     output, status = run_mypy(bad)
     assert status == 1
     assert output.count("assert-type") == 2, output
+
+
+def test_readme_and_docs_examples_check_strict(tmp_path: Path) -> None:
+    # README.md's headline example narrows on ``event.type == "message_end"`` and
+    # reads ``event.entries``: that only type-checks if the run's event union
+    # has exactly one member with that tag.
+    found: dict[str, str] = runpy.run_path(str(CHECKS / "doc_examples.py"))["examples"]()
+    assert {"README_1", "subprocess_protocol_1", "subprocess_protocol_2"} <= set(found)
+    paths = []
+    for name, code in found.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(code, encoding="utf-8")
+        paths.append(path)
+    output, status = run_mypy(*paths)
+    assert status == 0, output
