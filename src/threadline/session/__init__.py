@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from threadline.session._codec import decode_entry, encode_entries, encode_entry
-from threadline.session._context import build_context, interrupted_result, normalize_tool_pairs
+from threadline.session._context import build_context, normalize_tool_pairs
 from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
@@ -54,7 +54,6 @@ __all__ = [
     "decode_entry",
     "encode_entries",
     "encode_entry",
-    "interrupted_result",
     "new_id",
     "normalize_tool_pairs",
     "register_custom",
