@@ -17,13 +17,13 @@ from threadline.ai._messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    synthesized_result,
 )
 from threadline.session._codec import decode_entry
 from threadline.session._context import (
     BRANCH_SUMMARY_PREFIX,
     COMPACTION_PREFIX,
     build_context,
-    interrupted_result,
     normalize_tool_pairs,
 )
 from threadline.session._entries import (
@@ -166,7 +166,7 @@ def test_missing_result_is_synthesized_as_interrupted() -> None:
     out = normalize_tool_pairs([user("u"), asst("", "c1", "c2"), result("c2"), user("next")])
     assert out[:2] == [user("u"), asst("", "c1", "c2")]
     assert is_interrupted(out[2], "c1")
-    assert out[2] == interrupted_result("c1", "tool_c1")
+    assert out[2] == synthesized_result("c1", "tool_c1", "interrupted")
     assert out[3:] == [result("c2"), user("next")]
     assert_valid_for_providers(out)
     # At the very end of the path too (a crash right after the assistant message).

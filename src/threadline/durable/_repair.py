@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadline.ai._messages import AssistantMessage, ToolResultMessage
-from threadline.session._context import interrupted_result, sent_to_model
+from threadline.ai._messages import AssistantMessage, ToolResultMessage, synthesized_result
+from threadline.session._context import sent_to_model
 from threadline.session._entries import Entry, MessageEntry
 
 __all__ = ["orphaned_results"]
@@ -32,4 +32,4 @@ def orphaned_results(path: Sequence[Entry]) -> list[ToolResultMessage]:
                 open_calls[call.id] = call.name
         elif isinstance(message, ToolResultMessage):
             open_calls.pop(message.tool_call_id, None)
-    return [interrupted_result(call_id, name) for call_id, name in open_calls.items()]
+    return [synthesized_result(i, name, "interrupted") for i, name in open_calls.items()]

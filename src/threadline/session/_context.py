@@ -32,7 +32,6 @@ __all__ = [
     "COMPACTION_PREFIX",
     "Visible",
     "build_context",
-    "interrupted_result",
     "model_view",
     "normalize_tool_pairs",
     "sent_to_model",
@@ -45,11 +44,6 @@ COMPACTION_PREFIX = (
 BRANCH_SUMMARY_PREFIX = (
     "Before this point the conversation explored another branch, summarized below.\n\n"
 )
-
-
-def interrupted_result(call_id: str, tool_name: str) -> ToolResultMessage:
-    """The result the library writes for a call that never got one."""
-    return synthesized_result(call_id, tool_name, "interrupted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +154,7 @@ def normalize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
             owner = flat[-1] if flat else None
             assert isinstance(owner, AssistantMessage)
             for call, result in zip(owner.tool_calls, item, strict=True):
-                flat.append(result or interrupted_result(call.id, call.name))
+                flat.append(result or synthesized_result(call.id, call.name, "interrupted"))
         else:
             flat.append(item)
     return flat
