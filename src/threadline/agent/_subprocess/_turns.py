@@ -93,28 +93,8 @@ class Turns:
                                     "a message ends with message_end")
             self._track(ev.event)
             return [ev]
-        if isinstance(ev, ToolExecutionStart):
-            if ev.tool_call_id not in self._pending or ev.tool_call_id in self._started:
-                raise ProtocolError(f"tool_execution_start for call {ev.tool_call_id!r}, "
-                                     "which is not an open call of the current turn")
-            name = self._pending[ev.tool_call_id]
-            self._running[ev.tool_call_id] = name
-            self._started.add(ev.tool_call_id)
-            return [ToolExecutionStart(tool_call_id=ev.tool_call_id, tool_name=name,
-                                       arguments=ev.arguments)]
-        if isinstance(ev, ToolExecutionUpdate | ToolExecutionEnd):
-            tool = self._running.get(ev.tool_call_id)
-            if tool is None:
-                raise ProtocolError(f"{ev.type} for call "
-                                     f"{ev.tool_call_id!r}, whose execution is not running")
-            if isinstance(ev, ToolExecutionUpdate):
-                return [ToolExecutionUpdate(tool_call_id=ev.tool_call_id, tool_name=tool,
-                                            update=ev.update)]
-            if ev.result is NO_RESULT:
-                return []  # ended when its result message arrives
-            del self._running[ev.tool_call_id]
-            return [ToolExecutionEnd(tool_call_id=ev.tool_call_id, tool_name=tool,
-                                     result=ev.result)]
+        if isinstance(ev, ToolExecutionStart | ToolExecutionUpdate | ToolExecutionEnd):
+            return self._tool(ev)
         if isinstance(ev, AgentEnd):
             if ev.error is None and (self._streaming is not None or self._pending):
                 open_calls = sorted(self._pending)
@@ -125,6 +105,30 @@ class Turns:
             self.child_error = str(ev.error) if ev.error is not None else None
             return []
         return []  # agent_start, turn_start, turn_end: the wrapper reports its own
+
+    def _tool(
+        self, ev: ToolExecutionStart | ToolExecutionUpdate | ToolExecutionEnd
+    ) -> list[AgentEvent]:
+        # The child may leave out the tool's name: it comes from the open call.
+        call_id = ev.tool_call_id
+        if isinstance(ev, ToolExecutionStart):
+            if call_id not in self._pending or call_id in self._started:
+                raise ProtocolError(f"tool_execution_start for call {call_id!r}, "
+                                    "which is not an open call of the current turn")
+            name = self._pending[call_id]
+            self._running[call_id] = name
+            self._started.add(call_id)
+            return [ToolExecutionStart(tool_call_id=call_id, tool_name=name,
+                                       arguments=ev.arguments)]
+        tool = self._running.get(call_id)
+        if tool is None:
+            raise ProtocolError(f"{ev.type} for call {call_id!r}, whose execution is not running")
+        if isinstance(ev, ToolExecutionUpdate):
+            return [ToolExecutionUpdate(tool_call_id=call_id, tool_name=tool, update=ev.update)]
+        if ev.result is NO_RESULT:
+            return []  # ended when its result message arrives
+        del self._running[call_id]
+        return [ToolExecutionEnd(tool_call_id=call_id, tool_name=tool, result=ev.result)]
 
     def _message(self, ev: MessageStart | MessageEnd) -> list[AgentEvent]:
         m = ev.message
