@@ -26,6 +26,11 @@ def test_s9_custom_entry_types_check_strict() -> None:
     assert status == 0, output
 
 
+def test_event_type_narrows_every_event_union() -> None:
+    output, status = run_mypy(CHECKS / "check_events.py")
+    assert status == 0, output
+
+
 def test_typing_check_detects_a_wrong_claim(tmp_path: Path) -> None:
     # The same machinery must fail on a false claim, or the test above proves nothing.
     bad = tmp_path / "bad_claim.py"
