@@ -175,3 +175,25 @@ def append_from_child(root: Path, session_id: str, text: str) -> None:
     )
     subprocess.run([sys.executable, "-c", code, str(root), session_id, text], check=True,
                    env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=60)
+
+
+def start_server(root: Path, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+    """``threadline serve`` on ``root`` in a child process; returns it and its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from threadline.cli import main; main()",
+         "--store", str(root), "serve", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if " on http://" not in line:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"threadline serve did not start: {line!r} {err!r}")
+    return proc, line.split(" on ", 1)[1].split(" ", 1)[0]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.communicate(timeout=30)
