@@ -3,6 +3,7 @@ and one whose every field is an XSS payload."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -197,3 +198,12 @@ def start_server(root: Path, port: int = 0) -> tuple[subprocess.Popen[str], str]
 def stop(proc: subprocess.Popen[str]) -> None:
     proc.kill()
     proc.communicate(timeout=30)
+
+
+def in_thread(coro: Any) -> Any:
+    """Run a coroutine to completion on a fresh loop in another thread
+    (Playwright's sync API keeps a loop running in the test's thread)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

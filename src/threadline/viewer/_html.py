@@ -217,10 +217,15 @@ def _tool_call(entry_id: str, index: int, call: ToolCall, results: Sequence[Mess
 
 
 def _args_line(call: ToolCall) -> str:
+    return _compact(call.arguments)
+
+
+def _compact(value: Any) -> str:
     try:
-        return msgspec.json.encode(call.arguments).decode("utf-8", "replace")
+        raw = bytes(value) if isinstance(value, msgspec.Raw) else msgspec.json.encode(value)
     except (TypeError, msgspec.EncodeError):
-        return repr(call.arguments)
+        return repr(value)
+    return raw.decode("utf-8", "replace")
 
 
 # --- one entry ---------------------------------------------------------------
@@ -277,8 +282,9 @@ def _entry_body(entry: Entry, pairs: _Pairs | None) -> tuple[str, str]:
         if renderer is not None:
             return f"custom · {entry.kind}", renderer(entry)
         return f"custom · {entry.kind}", (
-            f'<details><summary>data</summary><pre class="json">{_json(entry.data)}</pre>'
-            "</details>"
+            f'<details id="{_e("d-" + entry.id)}"><summary>data '
+            f'<span class="dim">{_e(_clip(_compact(entry.data), 90))}</span></summary>'
+            f'<pre class="json">{_json(entry.data)}</pre></details>'
         )
     assert isinstance(entry, OpaqueEntry)
     return f"unknown type · {entry.type}", (
@@ -419,11 +425,13 @@ def session_body(
     *,
     children: Sequence[SessionRecord] = (),
     linked: bool = True,
+    notes: Sequence[str] = (),
 ) -> str:
     """The body of a session's page: header, stored tree, model context.
 
     ``linked`` makes lineage into links to the viewer's own pages; an export
     names the sessions without linking (their pages are not in the file).
+    ``notes`` are what the store noticed while loading (a torn last line...).
     """
     sid = tree.session_id
 
@@ -450,6 +458,7 @@ def session_body(
            if leaf else "")
         + "</p>"
         + (f'<p class="lineage">{" · ".join(lineage)}</p>' if lineage else "")
+        + "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
         + "</header>"
         '<div class="columns">'
         f'<section id="tree" class="tree"><h2>Stored log</h2>{_tree(tree) or _empty()}</section>'

@@ -159,8 +159,9 @@ def create_app(
         last = entries[-1].id if entries else ""
         live = (f'<span id="live-state" data-session="{_html._e(sid)}" '
                 f'data-last="{_html._e(last)}">static</span>')
-        doc = _html.page(f"session {sid}", _html.session_body(tree, record, children=children),
-                         head=_head(), live=live)
+        notes = list(getattr(entries, "diagnostics", ()))
+        body = _html.session_body(tree, record, children=children, notes=notes)
+        doc = _html.page(f"session {sid}", body, head=_head(), live=live)
         return _html_response(doc)
 
     async def events(request: Request) -> Response:
