@@ -72,6 +72,7 @@ what it takes from the entry (``html.escape``).
 # when the payload is really base64: the data lands in an attribute.
 _IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 _CLIP = 120
+_PAIR_REACH = 500  # ancestors searched for the call a tool result answers
 
 
 # Control characters are drawn as their Unicode pictures (ESC as ␛), so
@@ -171,7 +172,10 @@ class _Pairs:
     def _owner(tree: TreeIndex, entry: Entry, call_id: str) -> str | None:
         seen: set[str] = set()
         parent = entry.parent_id
-        while parent is not None and parent in tree and parent not in seen:
+        # A result sits right after its call or a few entries later; the
+        # bound keeps a log full of unmatched results from costing O(n²).
+        while (parent is not None and parent in tree and parent not in seen
+               and len(seen) < _PAIR_REACH):
             seen.add(parent)
             up = tree.get(parent)
             if isinstance(up, MessageEntry) and isinstance(up.message, AssistantMessage) and any(
