@@ -40,6 +40,7 @@ def test_every_public_module_is_documented() -> None:
     assert set(DOCUMENTED) == {
         "threadline", "threadline.errors", "threadline.ai", "threadline.agent",
         "threadline.session", "threadline.stores", "threadline.durable", "threadline.testing",
+        "threadline.viewer",
     }
 
 
