@@ -251,6 +251,13 @@ def test_s29_pending_interrupted_folded_and_unknown_kinds_are_shown(store_root: 
     pending = render_html(TreeIndex([MessageEntry(id="a", message=AssistantMessage(
         content=(ToolCall(id="c", name="slow"),), stop_reason="tool_use"))], session_id="p"))
     assert 'class="tool pending"' in pending
+    # A struct built in memory is not type-checked: a bad state word stays out.
+    forged = ToolResultMessage(tool_call_id="c", tool_name="t",
+                               synthesized='"><script>x</script>')  # type: ignore[arg-type]
+    doc = render_html(TreeIndex([MessageEntry(id="a", message=AssistantMessage(
+        content=(ToolCall(id="c", name="t"),), stop_reason="tool_use")),
+        MessageEntry(id="r", parent_id="a", message=forged)], session_id="f"))
+    assert "<script>" not in doc and 'class="tool synthesized"' in doc
 
 
 def test_s29_deep_and_cyclic_logs_render_without_recursion() -> None:

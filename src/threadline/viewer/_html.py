@@ -187,10 +187,14 @@ class _Pairs:
 
 
 def _result_state(result: ToolResultMessage | None) -> str:
+    """One of a fixed set of words (it is used as a CSS class, unescaped)."""
     if result is None:
         return "pending"
     if result.synthesized:
-        return result.synthesized
+        # Decoding admits only the two literals, but a struct built in memory
+        # is not checked: never let its value through.
+        return result.synthesized if result.synthesized in ("aborted", "interrupted") \
+            else "synthesized"
     return "error" if result.is_error else "ok"
 
 
