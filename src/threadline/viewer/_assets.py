@@ -36,8 +36,6 @@ SCRIPT = """\
       for (const d of document.querySelectorAll("details[id]")) {
         if (state.has(d.id)) d.open = state.get(d.id);
       }
-      const last = fresh.getElementById("live-state");
-      if (last) tag.dataset.last = last.dataset.last;
     } finally {
       busy = false;
       if (again) { again = false; refresh(); }
