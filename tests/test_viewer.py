@@ -449,32 +449,52 @@ class _WatchingStore(MemoryStore):
             entries = await self.load_entries(session_id)
 
 
+class _InThread:
+    """``viewer.serve`` on its own event loop in a thread, for stores that live in
+    this process; ``call`` runs a coroutine on that loop."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.store = store
+        self.options = options
+        self.url = ""
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def __enter__(self) -> _InThread:
+        self.thread.start()
+        ready = threading.Event()
+
+        def ready_at(url: str) -> None:
+            self.url = url
+            ready.set()
+
+        self.task = asyncio.run_coroutine_threadsafe(
+            serve(self.store, port=0, ready=ready_at, **self.options), self.loop)
+        assert ready.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.task.cancel()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+async def _two_entries(store: Any) -> None:
+    await store.create_session(SessionRecord(id="w"))
+    await store.append_entries("w", [MessageEntry(id="m1", message=UserMessage.of("a")),
+                                     MessageEntry(id="m2", parent_id="m1",
+                                                  message=UserMessage.of("b"))])
+
+
 def test_s29_events_follow_the_store_watch_when_it_has_one() -> None:
     store = _WatchingStore()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    urls: list[str] = []
-
-    def ready_at(url: str) -> None:
-        urls.append(url)
-        ready.set()
-
-    async def setup() -> None:
-        await store.create_session(SessionRecord(id="w"))
-        await store.append_entries("w", [MessageEntry(id="m1", message=UserMessage.of("a")),
-                                         MessageEntry(id="m2", parent_id="m1",
-                                                      message=UserMessage.of("b"))])
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(setup(), loop).result(30)
     # Polling once an hour: only watch can bring the new entry in time.
-    task = asyncio.run_coroutine_threadsafe(
-        serve(store, port=0, poll_interval=3600, ready=ready_at), loop)
-    try:
-        assert ready.wait(30)
-        (url,) = urls
-        parts = urlsplit(url)
+    with _InThread(store, poll_interval=3600) as server:
+        server.call(_two_entries(store))
+        parts = urlsplit(server.url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
         conn.request("GET", "/events?id=w", headers={"Last-Event-ID": "m1"})
         resp = conn.getresponse()
@@ -483,15 +503,53 @@ def test_s29_events_follow_the_store_watch_when_it_has_one() -> None:
         assert resp.readline() == b"id: m2\n"
         for _ in range(3):
             resp.readline()
-        asyncio.run_coroutine_threadsafe(store.append_entries("w", [MessageEntry(
-            id="m3", parent_id="m2", message=UserMessage.of("c"))]), loop).result(30)
+        server.call(store.append_entries("w", [MessageEntry(
+            id="m3", parent_id="m2", message=UserMessage.of("c"))]))
         assert resp.readline() == b"id: m3\n"
         conn.close()
         assert store.watch_calls == [("w", "m1")]
-    finally:
-        task.cancel()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
+
+
+class _ThreeMethodStore:
+    """A store with only the contract's three methods, which records every call
+    and refuses to be written to once the viewer runs."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.calls: list[str] = []
+        self.frozen = False
+
+    async def create_session(self, record: SessionRecord) -> None:
+        self.calls.append("create_session")
+        assert not self.frozen
+        await self.inner.create_session(record)
+
+    async def load_entries(self, session_id: str) -> list[Entry]:
+        self.calls.append("load_entries")
+        return await self.inner.load_entries(session_id)
+
+    async def append_entries(self, session_id: str, entries: Any) -> None:
+        self.calls.append("append_entries")
+        assert not self.frozen
+        await self.inner.append_entries(session_id, entries)
+
+
+def test_s29_a_store_with_only_the_contract_is_browsed_and_never_written() -> None:
+    store = _ThreeMethodStore()
+    with _InThread(store, poll_interval=0.05) as server:
+        server.call(_two_entries(store))
+        store.frozen = True
+        store.calls.clear()
+        status, _, body = _get(server.url, "/")
+        assert status == 200 and b"cannot list its sessions" in body
+        status, _, body = _get(server.url, "/session?id=w")
+        assert status == 200 and body.count(b'<article class="entry') == 4
+        assert _get(server.url, "/session?id=nope")[0] == 404
+        got = _events(server.url, "/events?id=w&after=m1", 1)
+        assert got[0]["id"] == "m2"
+        for method in ("POST", "PUT", "DELETE"):
+            assert _get(server.url, "/session?id=w", method=method)[0] == 405
+    assert set(store.calls) == {"load_entries"}
 
 
 def test_s29_the_list_pages_newest_first_and_filters_by_id(tmp_path: Path) -> None:

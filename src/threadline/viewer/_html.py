@@ -529,14 +529,16 @@ def _e_link(session_id: str | None) -> str:
     return f'<a class="sid" href="{_e(session_href(session_id))}">{_e(session_id)}</a>'
 
 
-def page(title: str, body: str, *, head: str = "", live: str = "") -> str:
-    """A whole document. ``head`` adds to ``<head>``; ``live`` is the live-status tag."""
+def page(title: str, body: str, *, head: str = "", live: str = "", linked: bool = True) -> str:
+    """A whole document. ``head`` adds to ``<head>``; ``live`` is the live-status tag;
+    ``linked`` is false for the export, whose top bar has nowhere to go."""
+    home = '<a href="/">threadline</a>' if linked else "<span>threadline export</span>"
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="icon" href="data:,">'
         f"<title>{_e(title)}</title>{head}</head>"
-        f'<body><nav class="top"><a href="/">threadline</a>{live}</nav>'
+        f'<body><nav class="top">{home}{live}</nav>'
         f"<main>{body}</main></body></html>"
     )
 
@@ -556,11 +558,8 @@ def render_html(tree: TreeIndex, record: SessionRecord | None = None,
     head = (f'<meta http-equiv="Content-Security-Policy" content="{_e(csp)}">'
             '<meta name="referrer" content="no-referrer">'
             f"<style>{CSS}</style>")
-    doc = page(f"session {tree.session_id}", session_body(tree, record, children=children,
-                                                           linked=False), head=head)
-    # The export has no pages to link to: the top bar's link goes nowhere.
-    return doc.replace('<nav class="top"><a href="/">threadline</a>',
-                       '<nav class="top"><span>threadline export</span>', 1)
+    body = session_body(tree, record, children=children, linked=False)
+    return page(f"session {tree.session_id}", body, head=head, linked=False)
 
 
 CSS = """
