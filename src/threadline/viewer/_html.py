@@ -614,6 +614,7 @@ border:1px solid var(--line);border-radius:6px}
 table.sessions th,table.sessions td{text-align:left;padding:.45rem .7rem;
 border-bottom:1px solid var(--line)}
 table.sessions th{font-size:.8rem;color:var(--dim);text-transform:uppercase}
+table.sessions td:first-child{min-width:18rem}table.sessions td:last-child{white-space:nowrap}
 form.filter{display:inline-flex;gap:.4rem;margin:.5rem 1rem .8rem 0;align-items:center}
 input{font:inherit;padding:.3rem .5rem;border:1px solid var(--line);border-radius:4px;
 min-width:16rem}button{font:inherit;padding:.3rem .8rem;border-radius:4px;
