@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -100,8 +101,11 @@ def page_times(root: Path, sid: str, repeat: int) -> tuple[float, float]:
     store = FileStore(root)
     urls: list[str] = []
     ready = threading.Event()
-    task = asyncio.run_coroutine_threadsafe(
-        serve(store, port=0, ready=lambda u: (urls.append(u), ready.set())), loop)
+    async def start() -> asyncio.Task[None]:
+        return asyncio.create_task(
+            serve(store, port=0, ready=lambda u: (urls.append(u), ready.set())))
+
+    task = asyncio.run_coroutine_threadsafe(start(), loop).result()
     try:
         ready.wait(30)
         port = int(urls[0].rsplit(":", 1)[1].strip("/"))
@@ -117,8 +121,13 @@ def page_times(root: Path, sid: str, repeat: int) -> tuple[float, float]:
 
         return best(get, repeat), best(load, repeat)
     finally:
-        task.cancel()
-        asyncio.run_coroutine_threadsafe(store.close(), loop).result(30)
+        async def stop() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await store.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
 
 

@@ -14,6 +14,7 @@ injects on purpose is blocked by the policy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import http.client
 import json
@@ -471,15 +472,24 @@ class _InThread:
             self.url = url
             ready.set()
 
-        self.task = asyncio.run_coroutine_threadsafe(
-            serve(self.store, port=0, ready=ready_at, **self.options), self.loop)
+        async def start() -> asyncio.Task[None]:
+            return asyncio.create_task(serve(self.store, port=0, ready=ready_at,
+                                             **self.options))
+
+        self.task = self.call(start())
         assert ready.wait(30)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.task.cancel()
+        async def stop() -> None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+        self.call(stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+        self.loop.close()
 
 
 async def _two_entries(store: Any) -> None:
