@@ -1,7 +1,8 @@
 """Imports point one way (DESIGN.md, Layers): checked on the source with ``ast``.
 
 ``ai`` <- ``agent`` <- ``durable`` and ``ai`` <- ``session`` <- ``durable``;
-``stores`` and ``testing`` sit on ``session``; ``cli`` is on top; ``errors``
+``stores`` and ``testing`` sit on ``session``; ``viewer`` and ``cli`` are on
+top (``cli`` may use ``viewer``); ``errors``
 is the root everyone may use. Imports under ``TYPE_CHECKING`` count too: an
 upward type reference is still an upward dependency.
 """
@@ -25,7 +26,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "durable": frozenset({"agent", "session", "ai", "errors"}),
     "stores": frozenset({"session", "errors"}),
     "testing": frozenset({"agent", "session", "ai", "errors"}),
-    "cli": frozenset({"durable", "stores", "testing", "agent", "session", "ai", "errors"}),
+    "viewer": frozenset({"durable", "stores", "agent", "session", "ai", "errors"}),
+    "cli": frozenset({"durable", "stores", "testing", "viewer", "agent", "session", "ai",
+                      "errors"}),
 }
 
 

@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write a session to stdout")
     e.add_argument("session")
-    e.add_argument("--format", choices=("jsonl", "messages"), default="jsonl",
-                   help="jsonl: every entry as stored; messages: the model context as JSON")
+    e.add_argument("--format", choices=("jsonl", "messages", "html"), default="jsonl",
+                   help="jsonl: every entry as stored; messages: the model context as JSON; "
+                        "html: one self-contained page of the whole tree")
 
     f = sub.add_parser("fork", help="copy a session's active path into a new session")
     f.add_argument("session")
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("source")
     cp.add_argument("destination")
     cp.add_argument("ids", nargs="*", help="session ids (default: all)")
+
+    sv = sub.add_parser("serve", help="browse the store in a local, read-only web viewer")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    sv.add_argument("--port", type=int, default=8765, help="port, 0 for any free one "
+                    "(%(default)s)")
 
     ch = sub.add_parser("chat", help="chat in a session with a real model")
     ch.add_argument("session", nargs="?", help="session id (default: a new one)")
@@ -107,7 +113,7 @@ async def _dispatch(args: argparse.Namespace, console: Console) -> None:
     try:
         handler = {
             "list": _list, "show": _show, "tree": _tree, "export": _export, "fork": _fork,
-            "check": _check, "chat": _chat,
+            "check": _check, "chat": _chat, "serve": _serve,
         }[args.command]
         await handler(store, args, console)
     finally:
@@ -169,6 +175,10 @@ async def _export(store: object, args: argparse.Namespace, console: Console) -> 
     out = sys.stdout.buffer
     if args.format == "jsonl":
         out.write(encode_entries(tree.entries))
+    elif args.format == "html":
+        from threadline.viewer._cli import export_html
+
+        out.write(await export_html(store, tree))
     else:
         out.write(msgspec.json.format(msgspec.json.encode(build_context(tree.path()))) + b"\n")
     out.flush()
@@ -243,6 +253,12 @@ async def _copy(args: argparse.Namespace, console: Console) -> None:
     finally:
         await src.close()
         await dst.close()
+
+
+async def _serve(store: object, args: argparse.Namespace, console: Console) -> None:
+    from threadline.viewer._cli import serve
+
+    await serve(store, args.host, args.port, console)
 
 
 async def _chat(store: object, args: argparse.Namespace, console: Console) -> None:
