@@ -74,10 +74,9 @@ def test_list_show_tree_export(store_dir: Path) -> None:
     assert "Porto" in shown and "interrupted" in shown
     tree = tl("--store", str(store_dir), "tree", sid).stdout
     assert tree.count("branch") == 2 and "leaf" in tree
+    # The default export is the session file itself, session_init included.
     exported = tl("--store", str(store_dir), "export", sid).stdout.encode()
-    assert exported == b"".join(
-        line + b"\n" for line in (store_dir / f"{sid}.jsonl").read_bytes().splitlines()[1:]
-    )
+    assert exported == (store_dir / f"{sid}.jsonl").read_bytes()
     messages = json.loads(tl("--store", str(store_dir), "export", sid, "--format",
                              "messages").stdout)
     assert [m["role"] for m in messages][:3] == ["user", "assistant", "tool_result"]
@@ -130,7 +129,7 @@ def test_fork_and_copy_between_stores(store_dir: Path, tmp_path: Path) -> None:
     ("args", "needle"),
     [
         (["--store", "nosuch://x", "list"], "nosuch://x"),
-        (["show", "does-not-exist"], "does-not-exist"),
+        (["--store", ".", "show", "does-not-exist"], "does-not-exist"),
     ],
 )
 def test_bad_input_prints_one_line_not_a_traceback(
@@ -144,6 +143,7 @@ def test_bad_input_prints_one_line_not_a_traceback(
 
 def test_fork_of_a_missing_session_fails_and_creates_nothing(tmp_path: Path) -> None:
     store = tmp_path / "sessions"
+    store.mkdir()
     proc = tl("--store", str(store), "fork", "no-such", "--id", "child", check=False)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error:") and "no-such" in proc.stderr
