@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import CLI, tl
 from threadline.ai import ToolResultMessage
 from threadline.session import FileStore, MessageEntry, SessionRecord, decode_entry
 from threadline.session._codec import encode_init
-
-CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
-
-
-def tl(
-    *args: str, cwd: Path | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=120, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
-                             f"stderr:\n{proc.stderr}")
-    return proc
 
 
 def test_demo_kills_repairs_branches_and_forks(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ import sys
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from threadline import __version__
-from threadline.cli._output import Out, stderr
+from threadline.cli._output import Out, stderr, visible
 from threadline.errors import ThreadlineError
 from threadline.session._entries import Entry
 from threadline.session._store import ManagedStore
@@ -88,10 +88,18 @@ def _verbs() -> list[Verb]:
     return [*_demo.VERBS, *_read.VERBS, *_write.VERBS, *_chat.VERBS]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors quote what was typed; they are escaped like everything else (S28)."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (file or sys.stderr).write(visible(message, keep_lines=True))
+
+
 def _parser(verbs: Sequence[Verb]) -> argparse.ArgumentParser:
     store_help = ("store URL or folder (default: $THREADLINE_STORE or "
                   f"{DEFAULT_STORE}); accepted before or after the command")
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="threadline",
         description="Durable LLM-agent conversations: inspect, move and demo sessions.",
     )
@@ -99,7 +107,7 @@ def _parser(verbs: Sequence[Verb]) -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, help=store_help)
     # The same option on every verb; SUPPRESS keeps an absent one from hiding
     # a --store given before the verb.
-    shared = argparse.ArgumentParser(add_help=False)
+    shared = _Parser(add_help=False)
     shared.add_argument("--store", default=argparse.SUPPRESS, help=store_help)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for verb in verbs:

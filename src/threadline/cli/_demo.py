@@ -167,7 +167,8 @@ async def run_demo(url: str, store: ManagedStore, out: Out) -> None:
             data = store.path_for(sid).read_bytes()
             out.line(f"  {store.path_for(sid)}  ({len(data):,} bytes, "
                      f"{len(data.splitlines())} lines)")
-        out.line("\n  Look inside: ", (f"head -3 {store.path_for(session_id)}", "bold"))
+        out.line()
+        out.line("  Look inside: ", (f"head -3 {store.path_for(session_id)}", "bold"))
     else:
         out.line("  Look inside: ", (f"threadline --store {url} show {session_id}", "bold"))
 

@@ -43,13 +43,15 @@ Exporter = Callable[[SessionRecord, TreeIndex, bool], bytes]
 
 
 def _export_jsonl(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
+    # To a file or a pipe: the stored bytes exactly, like ``cat`` of the file
+    # (JSON escapes ESC and BEL already); to a terminal, C1 and bidi escaped too.
     data = encode_init(record) + b"\n" + encode_entries(tree.entries)
-    return json_bytes(data, for_terminal=terminal)
+    return json_bytes(data, escape=terminal)
 
 
 def _export_messages(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
     data = msgspec.json.format(msgspec.json.encode(build_context(tree.path()))) + b"\n"
-    return json_bytes(data, for_terminal=terminal)
+    return json_bytes(data)
 
 
 def _md_text(text: str) -> str:

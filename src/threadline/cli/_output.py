@@ -45,10 +45,13 @@ def visible(text: str, *, keep_lines: bool = False) -> str:
     return text.translate(_VISIBLE_KEEP_LINES if keep_lines else _VISIBLE)
 
 
-def json_bytes(data: bytes, *, for_terminal: bool) -> bytes:
-    """JSON as is for a pipe or file; on a terminal, C1 and bidi characters
-    become ``\\uXXXX`` escapes, which decode to the same strings."""
-    if not for_terminal:
+def json_bytes(data: bytes, *, escape: bool = True) -> bytes:
+    """JSON with C1 controls and bidi characters as ``\\uXXXX`` escapes.
+
+    The encoder already escapes C0 (ESC, BEL), so no escape sequence can start;
+    this covers the rest. The strings decode the same.
+    """
+    if not escape:
         return data
     text = data.decode("utf-8", errors="surrogateescape")
     return text.translate(_JSON_ESCAPES).encode("utf-8", errors="surrogateescape")
@@ -95,7 +98,7 @@ class Out:
 
     def json(self, obj: Any) -> None:
         """One JSON document on one line."""
-        self.raw(json_bytes(msgspec.json.encode(obj), for_terminal=self.is_terminal) + b"\n")
+        self.raw(json_bytes(msgspec.json.encode(obj)) + b"\n")
 
     def raw(self, data: bytes) -> None:
         """Bytes that are already safe (or are data the user redirected)."""
@@ -107,15 +110,17 @@ class Out:
         else:
             self.stream.write(data.decode("utf-8", errors="replace"))
 
-    def console(self) -> Console:
-        """A rich console on this stream for tables, trees and progress bars.
+    def console(self, *, wide: bool = False) -> Console:
+        """A rich console on this stream for trees, rules and progress bars.
 
-        Markup, emoji codes and highlighting are off, and it never wraps: text
-        given to it must be ``rich.text.Text`` built from ``visible`` strings.
+        Markup, emoji codes and highlighting are off: text given to it must be
+        ``rich.text.Text`` built from ``visible`` strings. ``wide`` output
+        (a tree) is never cut to 80 columns when it goes to a pipe.
         """
         return Console(file=self.stream, markup=False, emoji=False, highlight=False,
                        force_terminal=self.color, no_color=not self.color,
-                       width=None if self.is_terminal else 10_000, soft_wrap=True)
+                       width=10_000 if wide and not self.is_terminal else None,
+                       soft_wrap=True)
 
 
 def _isatty(stream: IO[str]) -> bool:

@@ -95,7 +95,7 @@ async def _show(ctx: Ctx, args: argparse.Namespace) -> None:
         path = path[skipped:]
     if args.json:
         data = b"".join(encode_entry(e) + b"\n" for e in path)
-        ctx.out.raw(json_bytes(data, for_terminal=ctx.out.is_terminal))
+        ctx.out.raw(json_bytes(data))
         return
     with paged(ctx.out, enabled=not args.no_pager) as out:
         write_path(out, tree, path, skipped=skipped)
@@ -119,7 +119,7 @@ async def _tree(ctx: Ctx, args: argparse.Namespace) -> None:
             for e in tree]})
         return
     with paged(ctx.out, enabled=not args.no_pager) as out:
-        out.console().print(session_tree(tree, title=f"session {args.session}"))
+        out.console(wide=True).print(session_tree(tree, title=f"session {args.session}"))
 
 
 # -- export -------------------------------------------------------------------------

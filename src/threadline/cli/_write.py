@@ -146,6 +146,7 @@ def _summary(result: CopyResult, args: argparse.Namespace) -> str:
 
 async def _copy(ctx: Ctx, args: argparse.Namespace) -> None:
     src = ctx.open(args.source)
+    await src.list_sessions(limit=1)  # a missing source fails before the destination is made
     dst = ctx.open(args.destination, create=True)
     ctx.interrupt_hint = ("copy stopped; run the same command again to resume (complete "
                           "sessions are skipped, a partly copied one gets the rest)")
