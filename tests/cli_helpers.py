@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wire_server import Reply, sse_data, sse_reply
+
 CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
 
 
@@ -16,7 +18,7 @@ def tl(
     input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """The command with stdout and stderr on pipes."""
-    full = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", **(env or {}))
+    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", **(env or {})}
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=full,
                           timeout=120, check=False, input=input)
     if check and proc.returncode != 0:
@@ -32,7 +34,8 @@ def tl_pty(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
     With ``until``, ``then(proc)`` is called once those bytes have appeared.
     """
     master, slave = os.openpty()
-    full = dict(os.environ, TERM="xterm-256color", COLUMNS="120", PAGER="cat", **(env or {}))
+    full = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "PAGER": "cat",
+            **(env or {})}
     full.pop("NO_COLOR", None)
     proc = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL, stdout=slave,
                             stderr=slave, cwd=cwd, env=full)
@@ -57,3 +60,13 @@ def tl_pty(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
     finally:
         os.close(master)
     return proc.wait(60), out
+
+
+def chat_reply(text: str) -> Reply:
+    """An OpenAI Chat Completions stream answering ``text``."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return sse_reply(sse_data([
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                              "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]))

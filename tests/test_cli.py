@@ -167,18 +167,11 @@ async def test_chat_talks_to_a_real_http_server_and_resumes(tmp_path: Path) -> N
     """`threadline chat` end to end: the openai SDK against the local wire server."""
     import asyncio
 
-    from wire_server import WireServer, sse_data, sse_reply
-
-    def reply(text: str) -> object:
-        base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-        return sse_reply(sse_data([
-            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
-                                  "finish_reason": None}]},
-            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        ]))
+    from cli_helpers import chat_reply as reply
+    from wire_server import WireServer
 
     async with WireServer() as server:
-        server.reply(reply("Hello from the server."), reply("Still here."))  # type: ignore[arg-type]
+        server.reply(reply("Hello from the server."), reply("Still here."))
         env = dict(os.environ, OPENAI_API_KEY="test-key", OPENAI_BASE_URL=f"{server.url}/v1",
                    NO_COLOR="1", COLUMNS="200")
         for line in ("hi", "again"):
