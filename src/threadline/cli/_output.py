@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,12 +37,18 @@ _INVISIBLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F,
               0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF]
 _VISIBLE = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _INVISIBLE}
 _VISIBLE_KEEP_LINES = {**_VISIBLE, ord("\n"): "\n", ord("\t"): "\t"}
+# Most text has none of them: one regex scan is far cheaper than ``translate``.
+_ANY = re.compile("[" + "".join(re.escape(chr(c)) for c in _INVISIBLE) + "]")
+_ANY_BUT_LINES = re.compile(
+    "[" + "".join(re.escape(chr(c)) for c in _INVISIBLE if chr(c) not in "\n\t") + "]")
 # Inside JSON only non-C0 characters can be raw (the encoder escapes C0).
 _JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _INVISIBLE if c >= 0x20}
 
 
 def visible(text: str, *, keep_lines: bool = False) -> str:
     """``text`` with every control or invisible character written as an escape."""
+    if (_ANY_BUT_LINES if keep_lines else _ANY).search(text) is None:
+        return text
     return text.translate(_VISIBLE_KEEP_LINES if keep_lines else _VISIBLE)
 
 
