@@ -225,3 +225,28 @@ def test_s28_torn_last_line_is_a_one_line_notice(tmp_path: Path) -> None:
     notices = proc.stderr.splitlines()
     assert len(notices) == 1 and notices[0].startswith("notice: "), proc.stderr
     assert ids[-1][-6:] in proc.stdout  # everything before the torn line is shown
+
+
+async def test_s28_open_store_create_false_reads_existing_stores(
+    tmp_path: Path, pg_url: str, pg_schema: str
+) -> None:
+    from threadline.errors import StoreError
+    from threadline.stores import open_store
+
+    urls = [str(tmp_path / "files"), f"sqlite:///{tmp_path / 'x.db'}",
+            f"{pg_url}?schema={pg_schema}"]
+    for url in urls:
+        with pytest.raises(StoreError, match=r"do(es)? not exist"):
+            reader = open_store(url, create=False)
+            try:
+                await reader.list_sessions()
+            finally:
+                await reader.close()
+        writer = open_store(url)
+        await writer.create_session(SessionRecord(id="s"))
+        await writer.close()
+        reader = open_store(url, create=False)
+        try:
+            assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
+        finally:
+            await reader.close()

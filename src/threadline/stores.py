@@ -75,11 +75,7 @@ def open_store(url: str | os.PathLike[str], *, create: bool = True) -> ManagedSt
         raise ConfigError(f"cannot parse store URL {_safe(url)!r}: {exc}") from exc
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
-        if "://" in url or _LOOKS_LIKE_SCHEME.match(url):
-            raise ConfigError(
-                f"unknown store URL scheme {url.split(':', 1)[0]!r} in {_safe(url)!r}; "
-                f"expected a folder path or a file:, sqlite:, postgresql: or memory: URL "
-                f"(write ./{url.split('/', 1)[0]} for a folder of that name)")
+        _refuse_unknown_scheme(url)
         return _file_store(url, {}, url, create)  # a plain folder path ("C:\\x" included)
     shown = _safe(url)
     params = _params(parts.query, shown)
@@ -112,6 +108,14 @@ def open_store(url: str | os.PathLike[str], *, create: bool = True) -> ManagedSt
     _no_more(params, shown)
     return SQLiteStore(path, synchronous="FULL" if synchronous == "FULL" else "NORMAL",
                        busy_timeout=busy, create=create)
+
+
+def _refuse_unknown_scheme(url: str) -> None:
+    if "://" in url or _LOOKS_LIKE_SCHEME.match(url):
+        raise ConfigError(
+            f"unknown store URL scheme {url.split(':', 1)[0]!r} in {_safe(url)!r}; "
+            f"expected a folder path or a file:, sqlite:, postgresql: or memory: URL "
+            f"(write ./{url.split('/', 1)[0]} for a folder of that name)")
 
 
 def _safe(url: str) -> str:

@@ -71,31 +71,35 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _describe_message(m: object, width: int) -> list[Span]:
+    if isinstance(m, UserMessage):
+        return [("user ", "bold cyan"), _clip(m.text, width)]
+    if isinstance(m, AssistantMessage):
+        out: list[Span] = [("assistant ", "bold green")]
+        if m.text:
+            out.append(_clip(m.text, width))
+        out += [(f" ⚙ {call.name}({_clip(str(call.arguments), 30)})", "yellow")
+                for call in m.tool_calls]
+        if m.stop_reason == "error":
+            out.append((f" [error: {_clip(m.error_message or 'no message', width)}]",
+                        "bold red"))
+        elif m.stop_reason == "aborted":
+            out.append((" [aborted]", "red"))
+        return out
+    if isinstance(m, ToolResultMessage):
+        style = "red" if m.is_error else "magenta"
+        out = [(f"tool {m.tool_name} → ", f"bold {style}")]
+        if m.synthesized:
+            out.append((f"[{m.synthesized}] ", "bold red"))
+        out.append(_clip(m.text, width))
+        return out
+    return [(type(m).__name__, "dim")]
+
+
 def describe(entry: Entry, width: int = 70) -> list[Span]:
     """One line for an entry: who said what (unescaped; ``Out.line`` escapes)."""
     if isinstance(entry, MessageEntry):
-        m = entry.message
-        if isinstance(m, UserMessage):
-            return [("user ", "bold cyan"), _clip(m.text, width)]
-        if isinstance(m, AssistantMessage):
-            out: list[Span] = [("assistant ", "bold green")]
-            if m.text:
-                out.append(_clip(m.text, width))
-            out += [(f" ⚙ {call.name}({_clip(str(call.arguments), 30)})", "yellow")
-                    for call in m.tool_calls]
-            if m.stop_reason == "error":
-                out.append((f" [error: {_clip(m.error_message or 'no message', width)}]",
-                            "bold red"))
-            elif m.stop_reason == "aborted":
-                out.append((" [aborted]", "red"))
-            return out
-        if isinstance(m, ToolResultMessage):
-            style = "red" if m.is_error else "magenta"
-            out = [(f"tool {m.tool_name} → ", f"bold {style}")]
-            if m.synthesized:
-                out.append((f"[{m.synthesized}] ", "bold red"))
-            out.append(_clip(m.text, width))
-            return out
+        return _describe_message(entry.message, width)
     if isinstance(entry, CompactionEntry):
         return [("compaction ", "bold blue"), _clip(entry.summary, width)]
     if isinstance(entry, BranchSummaryEntry):
