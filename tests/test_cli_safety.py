@@ -225,6 +225,11 @@ def test_s28_torn_last_line_is_a_one_line_notice(tmp_path: Path) -> None:
     notices = proc.stderr.splitlines()
     assert len(notices) == 1 and notices[0].startswith("notice: "), proc.stderr
     assert ids[-1][-6:] in proc.stdout  # everything before the torn line is shown
+    # Verbs that open the session through durable.open say it the same way.
+    proc = tl("--store", str(tmp_path), "fork", SID, "--id", "f", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeWarning" not in proc.stderr
+    assert all(line.startswith("notice: ") for line in proc.stderr.splitlines()), proc.stderr
 
 
 async def test_s28_open_store_create_false_reads_existing_stores(

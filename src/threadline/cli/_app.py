@@ -128,8 +128,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             await ctx.close()
 
+    def notice(message: Warning | str, *_: object, **__: object) -> None:
+        ctx.notice(" ".join(str(message).split()))
+
     try:
-        code = asyncio.run(go())
+        with warnings.catch_warnings():
+            # A warning from a store (a torn tail met by durable.open) is one
+            # line like any notice, not Python's two lines with source code.
+            warnings.showwarning = notice
+            code = asyncio.run(go())
     except ThreadlineError as exc:
         ctx.err.line(("error: ", "bold red"), " ".join(str(exc).split()))
         raise SystemExit(1) from None

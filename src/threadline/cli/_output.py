@@ -29,7 +29,7 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.style import Style
 
-__all__ = ["Out", "Span", "json_bytes", "paged", "visible"]
+__all__ = ["Out", "Span", "json_bytes", "paged", "stderr", "visible"]
 
 # C0, DEL and C1 controls, and the invisible characters that reorder or hide
 # text (bidi embeddings, overrides and isolates, line/paragraph separators).

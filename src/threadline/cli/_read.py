@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from threadline.cli._app import Ctx, Verb
 from threadline.cli._formats import EXPORTERS
@@ -16,7 +15,7 @@ from threadline.cli._output import Out, json_bytes, paged, visible
 from threadline.cli._render import Abbrev, describe, resolve, session_tree
 from threadline.errors import CorruptLog, SessionNotFound, StoreError
 from threadline.session._codec import decode_init, encode_entry
-from threadline.session._entries import SessionRecord
+from threadline.session._entries import Entry, SessionRecord
 from threadline.session._file import FileStore
 from threadline.session._sqlite import entry_type
 from threadline.session._store import ManagedStore
@@ -77,7 +76,7 @@ def _conf_show(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-def write_path(out: Out, tree: TreeIndex, path: list[Any], *, skipped: int = 0) -> None:
+def write_path(out: Out, tree: TreeIndex, path: list[Entry], *, skipped: int = 0) -> None:
     """The lines ``show`` prints for ``path`` (also how ``chat`` recalls a session)."""
     abbrev = Abbrev(e.id for e in tree)
     if skipped:
