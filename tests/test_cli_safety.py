@@ -142,14 +142,21 @@ def test_s28_json_output_decodes_to_the_stored_text(tmp_path: Path) -> None:
     assert first["message"]["content"][0]["text"] == HOSTILE
 
 
-def test_s28_install_hints_keep_their_brackets(tmp_path: Path) -> None:
-    # A ConfigError naming an extra, printed through the CLI's error path.
-    (tmp_path / "psycopg").mkdir()
-    (tmp_path / "psycopg" / "__init__.py").write_text("raise ImportError('not installed')\n")
-    proc = tl("--store", "postgresql://u@h/db", "list", check=False,
-              env={"PYTHONPATH": str(tmp_path)})
+@pytest.mark.parametrize(("package", "argv", "hint"), [
+    ("psycopg", ["--store", "postgresql://u@h/db", "list"], "'threadline[postgres]'"),
+    ("openai", ["chat", "c", "--model", "openai:gpt-x"], "'threadline[openai]'"),
+])
+def test_s28_install_hints_keep_their_brackets(
+    tmp_path: Path, package: str, argv: list[str], hint: str
+) -> None:
+    # The extra's package is "missing": a stand-in on the path that fails to import.
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("raise ImportError('not installed')\n")
+    (tmp_path / "store").mkdir()
+    proc = tl("--store", str(tmp_path / "store"), *argv, check=False,
+              env={"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "k"}, input="hi\n")
     assert proc.returncode == 1
-    assert "pip install 'threadline[postgres]'" in proc.stderr, proc.stderr
+    assert f"pip install {hint}" in proc.stderr, proc.stderr
 
 
 READ_ONLY = [

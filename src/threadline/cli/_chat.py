@@ -56,10 +56,10 @@ def _conf_branch(p: argparse.ArgumentParser) -> None:
 
 
 async def _chat(ctx: Ctx, args: argparse.Namespace) -> int:
+    lm = get_model(args.model)  # a bad model spec fails before anything is created
     store = ctx.open(create=True)
     if args.at and args.session:
         await store.load_session(args.session)  # a branch of nothing is a typo
-    lm = get_model(args.model)
     agent = await durable.open(durable.model(lm, system=args.system), store=store,
                                session_id=args.session)
     tree = TreeIndex(agent.entries, session_id=agent.session_id)
