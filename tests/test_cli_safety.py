@@ -262,3 +262,22 @@ async def test_s28_open_store_create_false_reads_existing_stores(
             assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
         finally:
             await reader.close()
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "pty"])
+def test_s28_corrupt_line_with_markup_is_reported_literally(
+    tmp_path: Path, terminal: bool
+) -> None:
+    make_hostile_store(tmp_path)
+    with FileStore(tmp_path).path_for(SID).open("ab") as f:
+        f.write(b'{"type":"message","id":"[/bold]\\u001b[2J" [/] \x1b[2J\n')
+    for argv in (["check"], ["show", SID], ["check", "--json"]):
+        if terminal:
+            code, out = tl_pty("--store", str(tmp_path), *argv)
+        else:
+            proc = tl("--store", str(tmp_path), *argv, check=False)
+            code, out = proc.returncode, (proc.stdout + proc.stderr).encode()
+        assert code == 1, out
+        assert b"Traceback" not in out and b"line 8" in out, out
+        assert b"[/bold]" in out, out
+        check_output(out, terminal=terminal)
