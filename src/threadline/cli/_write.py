@@ -137,6 +137,10 @@ def _conf_copy(p: argparse.ArgumentParser) -> None:
                    help="one JSON line per session, then one for the totals")
 
 
+_RESUME = ("run the same command again to resume (complete sessions are skipped, a partly "
+           "copied one gets the rest)")
+
+
 def _summary(result: CopyResult, args: argparse.Namespace) -> str:
     total = result.copied + result.resumed + result.skipped
     return (f"{total} session(s) from {args.source} to {args.destination}: "
@@ -148,13 +152,10 @@ async def _copy(ctx: Ctx, args: argparse.Namespace) -> None:
     src = ctx.open(args.source)
     await src.list_sessions(limit=1)  # a missing source fails before the destination is made
     dst = ctx.open(args.destination, create=True)
-    ctx.interrupt_hint = ("copy stopped; run the same command again to resume (complete "
-                          "sessions are skipped, a partly copied one gets the rest)")
+    ctx.interrupt_hint = f"copy stopped; {_RESUME}"
 
     def note(p: CopyProgress) -> None:
-        ctx.interrupt_hint = (f"copy stopped after {p.done} of {p.total} sessions; run the "
-                              f"same command again to resume (complete sessions are skipped, "
-                              f"a partly copied one gets the rest)")
+        ctx.interrupt_hint = f"copy stopped after {p.done} of {p.total} sessions; {_RESUME}"
 
     ids = list(args.ids) or None
     if args.json:
