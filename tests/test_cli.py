@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import CLI, tl
 from threadline.ai import ToolResultMessage
 from threadline.session import FileStore, MessageEntry, SessionRecord, decode_entry
 from threadline.session._codec import encode_init
-
-CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
-
-
-def tl(
-    *args: str, cwd: Path | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=120, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
-                             f"stderr:\n{proc.stderr}")
-    return proc
 
 
 def test_demo_kills_repairs_branches_and_forks(tmp_path: Path) -> None:
@@ -74,10 +59,9 @@ def test_list_show_tree_export(store_dir: Path) -> None:
     assert "Porto" in shown and "interrupted" in shown
     tree = tl("--store", str(store_dir), "tree", sid).stdout
     assert tree.count("branch") == 2 and "leaf" in tree
+    # The default export is the session file itself, session_init included.
     exported = tl("--store", str(store_dir), "export", sid).stdout.encode()
-    assert exported == b"".join(
-        line + b"\n" for line in (store_dir / f"{sid}.jsonl").read_bytes().splitlines()[1:]
-    )
+    assert exported == (store_dir / f"{sid}.jsonl").read_bytes()
     messages = json.loads(tl("--store", str(store_dir), "export", sid, "--format",
                              "messages").stdout)
     assert [m["role"] for m in messages][:3] == ["user", "assistant", "tool_result"]
@@ -130,7 +114,7 @@ def test_fork_and_copy_between_stores(store_dir: Path, tmp_path: Path) -> None:
     ("args", "needle"),
     [
         (["--store", "nosuch://x", "list"], "nosuch://x"),
-        (["show", "does-not-exist"], "does-not-exist"),
+        (["--store", ".", "show", "does-not-exist"], "does-not-exist"),
     ],
 )
 def test_bad_input_prints_one_line_not_a_traceback(
@@ -144,6 +128,7 @@ def test_bad_input_prints_one_line_not_a_traceback(
 
 def test_fork_of_a_missing_session_fails_and_creates_nothing(tmp_path: Path) -> None:
     store = tmp_path / "sessions"
+    store.mkdir()
     proc = tl("--store", str(store), "fork", "no-such", "--id", "child", check=False)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error:") and "no-such" in proc.stderr
@@ -182,18 +167,11 @@ async def test_chat_talks_to_a_real_http_server_and_resumes(tmp_path: Path) -> N
     """`threadline chat` end to end: the openai SDK against the local wire server."""
     import asyncio
 
-    from wire_server import WireServer, sse_data, sse_reply
-
-    def reply(text: str) -> object:
-        base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-        return sse_reply(sse_data([
-            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
-                                  "finish_reason": None}]},
-            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        ]))
+    from cli_helpers import chat_reply as reply
+    from wire_server import WireServer
 
     async with WireServer() as server:
-        server.reply(reply("Hello from the server."), reply("Still here."))  # type: ignore[arg-type]
+        server.reply(reply("Hello from the server."), reply("Still here."))
         env = dict(os.environ, OPENAI_API_KEY="test-key", OPENAI_BASE_URL=f"{server.url}/v1",
                    NO_COLOR="1", COLUMNS="200")
         for line in ("hi", "again"):

@@ -12,10 +12,16 @@
 ``postgresql://user@host/db``, ``postgres://``  PostgresStore (``?schema=``,
                                                 ``?prepare_threshold=none|N``,
                                                 ``?min_size=``, ``?max_size=``,
-                                                ``?timeout=``; other parameters
+                                                ``?timeout=``, ``?connect_timeout=``;
+                                                other parameters
                                                 go to libpq, e.g. ``sslmode``)
 ``memory:``                                     MemoryStore (tests, demos)
 ==============================================  =====================================
+
+Any other ``scheme:`` prefix is refused rather than taken for a folder name, so
+a typo like ``sqllite:x.db`` cannot become a directory; write ``./name:x`` for a
+folder whose name holds a colon. ``open_store(url, create=False)`` opens only a
+store that already exists (a reader must not leave an empty one behind).
 
 ``copy_sessions`` moves sessions between any two stores, keeping ids, lineage
 and append order; entries arrive byte-identical because every store keeps the
@@ -25,6 +31,7 @@ codec's bytes. It is safe to run again after an interruption.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -40,6 +47,8 @@ from threadline.session._store import ManagedStore, Store
 __all__ = ["CopyProgress", "CopyResult", "copy_sessions", "open_store"]
 
 _SCHEMES = ("file", "sqlite", "postgresql", "postgres", "memory")
+# Two letters at least: "C:\\x" is a Windows drive, not a scheme.
+_LOOKS_LIKE_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def _redacted(url: str) -> str:
@@ -50,10 +59,14 @@ def _redacted(url: str) -> str:
         f":{parts.password}@", ":***@", 1)))
 
 
-def open_store(url: str | os.PathLike[str]) -> ManagedStore:
-    """The store a URL (or folder path) names. Raises ``ConfigError`` naming the URL."""
+def open_store(url: str | os.PathLike[str], *, create: bool = True) -> ManagedStore:
+    """The store a URL (or folder path) names. Raises ``ConfigError`` naming the URL.
+
+    With ``create=False`` a folder, SQLite file or PostgreSQL schema that does
+    not exist yet is a ``StoreError`` naming it, and nothing is created.
+    """
     if isinstance(url, os.PathLike):
-        return _file_store(os.fspath(url), {}, str(url))
+        return _file_store(os.fspath(url), {}, str(url), create)
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     try:
@@ -62,16 +75,13 @@ def open_store(url: str | os.PathLike[str]) -> ManagedStore:
         raise ConfigError(f"cannot parse store URL {_safe(url)!r}: {exc}") from exc
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
-        if "://" in url:
-            raise ConfigError(
-                f"unknown store URL scheme {parts.scheme!r} in {_safe(url)!r}; expected a "
-                f"folder path or a file:, sqlite:, postgresql: or memory: URL")
-        return _file_store(url, {}, url)  # a plain folder path ("C:\\x" included)
+        _refuse_unknown_scheme(url)
+        return _file_store(url, {}, url, create)  # a plain folder path ("C:\\x" included)
     shown = _safe(url)
     params = _params(parts.query, shown)
 
     if scheme in ("postgresql", "postgres"):
-        return _postgres_store(url, parts, params, shown)
+        return _postgres_store(parts, params, shown, create)
     if parts.netloc not in ("", "localhost") or (scheme == "sqlite" and parts.netloc):
         raise ConfigError(
             f"store URL {shown!r} names a host; {scheme}: URLs take a local path, like "
@@ -87,7 +97,7 @@ def open_store(url: str | os.PathLike[str]) -> ManagedStore:
     if not path:
         raise ConfigError(f"store URL {shown!r} has no path")
     if scheme == "file":
-        return _file_store(path, params, shown)
+        return _file_store(path, params, shown, create)
     from threadline.session._sqlite import SQLiteStore
 
     synchronous = params.pop("synchronous", "FULL").upper()
@@ -97,7 +107,15 @@ def open_store(url: str | os.PathLike[str]) -> ManagedStore:
     busy = _number(params.pop("busy_timeout", "30"), "busy_timeout", shown, float)
     _no_more(params, shown)
     return SQLiteStore(path, synchronous="FULL" if synchronous == "FULL" else "NORMAL",
-                       busy_timeout=busy)
+                       busy_timeout=busy, create=create)
+
+
+def _refuse_unknown_scheme(url: str) -> None:
+    if "://" in url or _LOOKS_LIKE_SCHEME.match(url):
+        raise ConfigError(
+            f"unknown store URL scheme {url.split(':', 1)[0]!r} in {_safe(url)!r}; "
+            f"expected a folder path or a file:, sqlite:, postgresql: or memory: URL "
+            f"(write ./{url.split('/', 1)[0]} for a folder of that name)")
 
 
 def _safe(url: str) -> str:
@@ -130,7 +148,7 @@ def _number(value: str, name: str, shown: str, kind: Callable[[str], Any]) -> An
             from exc
 
 
-def _file_store(path: str, params: dict[str, str], shown: str) -> ManagedStore:
+def _file_store(path: str, params: dict[str, str], shown: str, create: bool) -> ManagedStore:
     from threadline.session._file import FileStore
 
     durability = params.pop("durability", "fsync")
@@ -138,10 +156,12 @@ def _file_store(path: str, params: dict[str, str], shown: str) -> ManagedStore:
     if durability not in ("fsync", "flush"):
         raise ConfigError(f"store URL {shown!r}: durability must be fsync or flush, "
                           f"got {durability!r}")
-    return FileStore(path, durability="fsync" if durability == "fsync" else "flush")
+    return FileStore(path, durability="fsync" if durability == "fsync" else "flush",
+                     create=create)
 
 
-def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) -> ManagedStore:
+def _postgres_store(parts: Any, params: dict[str, str], shown: str,
+                    create: bool) -> ManagedStore:
     try:
         import psycopg
 
@@ -157,7 +177,10 @@ def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) ->
         options["prepare_threshold"] = (
             None if raw.lower() in ("", "none", "null", "off")
             else _number(raw, "prepare_threshold", shown, int))
-    for name, kind in (("min_size", int), ("max_size", int), ("timeout", float)):
+    # connect_timeout is the store's too: it bounds the first connection, which
+    # libpq alone would not (the pool would keep retrying until its own timeout).
+    for name, kind in (("min_size", int), ("max_size", int), ("timeout", float),
+                       ("connect_timeout", float)):
         if name in params:
             options[name] = _number(params.pop(name), name, shown, kind)
     # What is left belongs to libpq; let it reject what it does not know now,
@@ -167,7 +190,7 @@ def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) ->
         psycopg.conninfo.conninfo_to_dict(libpq_url)
     except psycopg.Error as exc:
         raise ConfigError(f"store URL {shown!r} is not a valid PostgreSQL URL: {exc}") from exc
-    return PostgresStore(libpq_url, **options)
+    return PostgresStore(libpq_url, create=create, **options)
 
 
 # -- copying --------------------------------------------------------------------

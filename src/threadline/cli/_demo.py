@@ -1,6 +1,7 @@
 """``threadline demo``: what durability buys, in a few seconds, offline.
 
-A scripted model (no network) talks in a file-store session. A child process
+A scripted model (no network) talks in a session of the ``--store`` store
+(default: a file store in ``./threadline-demo``). A child process
 runs the first turn and is killed with SIGKILL while a tool is running; the
 parent reopens the session, shows the repaired transcript, continues, rewinds
 to an earlier entry and branches, forks the session, and draws the tree.
@@ -8,28 +9,32 @@ to an earlier entry and branches, forks the session, and draws the tree.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import signal
 import sys
 from datetime import datetime
-from pathlib import Path
 
-from rich.console import Console
 from rich.panel import Panel
-from rich.text import Text
+from rich.rule import Rule
 
 from threadline import durable
 from threadline.ai._tools import Tool, tool
-from threadline.cli._render import describe, session_tree, short
+from threadline.cli._app import Ctx, Verb
+from threadline.cli._output import Out
+from threadline.cli._render import describe, session_tree, short, spans_text
 from threadline.durable._events import LifecycleEvent, StoredMessageEnd
+from threadline.errors import ConfigError
 from threadline.session._file import FileStore
+from threadline.session._store import ManagedStore
 from threadline.session._tree import TreeIndex
+from threadline.stores import open_store
 from threadline.testing._scripted import Call, ScriptedModel, Turn
 from threadline.testing._scripted import Text as Say
 
-__all__ = ["run_demo"]
+__all__ = ["VERBS"]
 
 SYSTEM = "You are a travel assistant. Use tools for live data."
 
@@ -51,7 +56,7 @@ def _weather_tool(slow: bool) -> Tool:
     return get_weather
 
 
-async def _child(root: Path, session_id: str) -> None:
+async def _child(url: str, session_id: str) -> None:
     """The first turn, in a process that is about to die."""
     model = ScriptedModel([
         Turn(Say("Let me check ", "the weather ", "in Lisbon."),
@@ -59,36 +64,24 @@ async def _child(root: Path, session_id: str) -> None:
     ])
     agent = await durable.open(
         durable.model(model, [_weather_tool(slow=True)], system=SYSTEM),
-        store=FileStore(root), session_id=session_id,
+        store=open_store(url), session_id=session_id,
     )
     async for event in agent.run("What's the weather in Lisbon right now?"):
         if isinstance(event, StoredMessageEnd):
             for entry in event.entries:
-                print(json.dumps({"stored": entry.id, "line": describe(entry).plain}),
-                      flush=True)
+                line = "".join(s if isinstance(s, str) else s[0] for s in describe(entry))
+                print(json.dumps({"stored": entry.id, "line": line}), flush=True)
 
 
-async def run_demo(root: Path, console: Console) -> None:
-    """Run the demo in the folder ``root`` (an absolute path)."""
-    store = FileStore(root)
-    session_id = f"demo-{datetime.now():%Y%m%d-%H%M%S-%f}"
-    published: list[LifecycleEvent] = []
+def _print_stored(out: Out, label: str, event: object) -> None:
+    if isinstance(event, StoredMessageEnd):
+        for entry in event.entries:
+            out.line((f"  {label} ", "dim"), f"{short(entry.id)}  ", *describe(entry))
 
-    def step(n: int, title: str) -> None:
-        console.print()
-        console.rule(f"[bold]{n}. {title}")
 
-    console.print(Panel.fit(
-        Text.assemble(
-            ("threadline demo\n", "bold"),
-            "A scripted model (offline) in a session stored as JSON lines under\n",
-            (str(root), "cyan"), ".  Session id: ", (session_id, "bold"),
-        )
-    ))
-
-    step(1, "A turn with a tool call, in a child process that gets killed mid-tool")
+async def _kill_child(out: Out, url: str, session_id: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadline.cli._demo", "--child", str(root), session_id,
+        sys.executable, "-m", "threadline.cli._demo", "--child", url, session_id,
         stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
@@ -98,14 +91,32 @@ async def run_demo(root: Path, console: Console) -> None:
             raise RuntimeError("the demo's child process ended before its tool started")
         msg = json.loads(raw)
         if "stored" in msg:
-            console.print(f"  child [dim]stored[/] {short(msg['stored'])}  {msg['line']}")
+            out.line("  child ", ("stored", "dim"), f" {short(msg['stored'])}  {msg['line']}")
         elif "tool_started" in msg:
-            console.print(f"  child is running get_weather({msg['tool_started']!r}) ...")
+            out.line(f"  child is running get_weather({msg['tool_started']!r}) ...")
             os.kill(proc.pid, signal.SIGKILL)
             await proc.wait()
-            console.print(f"  [bold red]SIGKILL[/] sent to pid {proc.pid} while the tool ran. "
-                          "Its result was never written.")
-            break
+            out.line("  ", ("SIGKILL", "bold red"), f" sent to pid {proc.pid} while the tool "
+                     "ran. Its result was never written.")
+            return
+
+
+async def run_demo(url: str, store: ManagedStore, out: Out) -> None:
+    """Run the demo in ``store``, which ``url`` names for the child process."""
+    session_id = f"demo-{datetime.now():%Y%m%d-%H%M%S-%f}"
+    published: list[LifecycleEvent] = []
+    console = out.console()
+
+    def step(n: int, title: str) -> None:
+        out.line()
+        console.print(Rule(spans_text([(f"{n}. {title}", "bold")])))
+
+    console.print(Panel.fit(spans_text([
+        ("threadline demo\n", "bold"), "A scripted model (offline) in a session stored in\n",
+        (url, "cyan"), ".  Session id: ", (session_id, "bold")])))
+
+    step(1, "A turn with a tool call, in a child process that gets killed mid-tool")
+    await _kill_child(out, url, session_id)
 
     step(2, "Reopen: every acknowledged message is there; the dangling call is repaired")
     model = ScriptedModel([
@@ -119,60 +130,74 @@ async def run_demo(root: Path, console: Console) -> None:
     agent = await durable.open(factory, store=store, session_id=session_id,
                                publisher=published.append)
     for entry in agent.path():
-        mark = "  [bold red]← appended by crash repair[/]" if entry in agent.repaired else ""
-        console.print(f"  {short(entry.id)}  ", describe(entry), mark)
-    console.print("  Repair only appends: lines already in the file are never rewritten.")
+        mark = ("  ← appended by crash repair", "bold red") if entry in agent.repaired else ""
+        out.line(f"  {short(entry.id)}  ", *describe(entry), mark)
+    out.line("  Repair only appends: what was already stored is never rewritten.")
 
     step(3, "Continue the conversation where it stopped")
     after_repair = agent.leaf_id
     async for event in agent.run("Please try again."):
-        if isinstance(event, StoredMessageEnd):
-            for entry in event.entries:
-                console.print(f"  [dim]stored[/] {short(entry.id)}  ", describe(entry))
+        _print_stored(out, "stored", event)
 
     step(4, "Rewind to an earlier entry and branch")
     assert after_repair is not None
     agent.branch(after_repair)
-    console.print(f"  leaf moved back to {short(after_repair)} (in memory; nothing rewritten)")
+    out.line(f"  leaf moved back to {short(after_repair)} (in memory; nothing rewritten)")
     async for event in agent.run("Never mind Lisbon. How does Porto compare?"):
-        if isinstance(event, StoredMessageEnd):
-            for entry in event.entries:
-                console.print(f"  [dim]stored[/] {short(entry.id)}  ", describe(entry))
+        _print_stored(out, "stored", event)
 
     step(5, "Fork the active path into a new session")
     child = await agent.fork(f"{session_id}-fork")
     async for event in child.run("Anything to pack?"):
-        if isinstance(event, StoredMessageEnd):
-            for entry in event.entries:
-                console.print(f"  [dim]stored in fork[/] {short(entry.id)}  ", describe(entry))
+        _print_stored(out, "stored in fork", event)
     record = await store.load_session(child.session_id)
-    console.print(f"  fork {child.session_id} has parent_id {record.parent_id}")
+    out.line(f"  fork {child.session_id} has parent_id {record.parent_id}")
 
-    step(6, "The session tree, reloaded from disk")
+    step(6, "The session tree, reloaded from the store")
     reloaded = TreeIndex(await store.load_entries(session_id), session_id=session_id)
-    console.print(session_tree(reloaded, title=f"session {session_id}",
-                               leaf_id=agent.leaf_id))
-    forked = TreeIndex(await store.load_entries(child.session_id),
-                       session_id=child.session_id)
+    console.print(session_tree(reloaded, title=f"session {session_id}", leaf_id=agent.leaf_id))
+    forked = TreeIndex(await store.load_entries(child.session_id), session_id=child.session_id)
     console.print(session_tree(forked, title=f"session {child.session_id}  (fork of "
                                f"{session_id})"))
-    console.print("  ● marks the active path. Lifecycle events this process published:",
-                  ", ".join(e.type for e in published))
+    out.line("  ● marks the active path. Lifecycle events this process published: "
+             + ", ".join(e.type for e in published))
+    out.line()
+    if isinstance(store, FileStore):
+        for sid in (session_id, child.session_id):
+            data = store.path_for(sid).read_bytes()
+            out.line(f"  {store.path_for(sid)}  ({len(data):,} bytes, "
+                     f"{len(data.splitlines())} lines)")
+        out.line()
+        out.line("  Look inside: ", (f"head -3 {store.path_for(session_id)}", "bold"))
+    else:
+        out.line("  Look inside: ", (f"threadline --store {url} show {session_id}", "bold"))
 
-    console.print()
-    for sid in (session_id, child.session_id):
-        data = store.path_for(sid).read_bytes()
-        console.print(f"  {store.path_for(sid)}  ({len(data):,} bytes, "
-                      f"{len(data.splitlines())} lines)")
-    console.print(f"\n  Look inside: [bold]head -3 {store.path_for(session_id)}[/]")
+
+def _conf(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None,
+                   help="folder for a file store (the same as --store DIR)")
+
+
+async def _run(ctx: Ctx, args: argparse.Namespace) -> None:
+    url = args.dir or ctx.store_url
+    if url.strip().lower().startswith("memory:"):
+        raise ConfigError("the demo kills a child process that writes to the store, so it "
+                          f"needs a store another process can open, not {url!r}")
+    store = ctx.open(url, create=True)
+    if isinstance(store, FileStore):
+        url = str(store.root.absolute())  # the child may resolve paths elsewhere
+    await run_demo(url, store, ctx.out)
+
+
+VERBS = [Verb("demo", "crash, repair, branch and fork a session, offline", _conf, _run)]
 
 
 def main() -> None:
     """Entry point of the demo's child process."""
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        asyncio.run(_child(Path(sys.argv[2]), sys.argv[3]))
+        asyncio.run(_child(sys.argv[2], sys.argv[3]))
     else:
-        raise SystemExit("usage: python -m threadline.cli._demo --child ROOT SESSION_ID")
+        raise SystemExit("usage: python -m threadline.cli._demo --child STORE_URL SESSION_ID")
 
 
 if __name__ == "__main__":

@@ -203,14 +203,18 @@ def _close_all(logs: dict[str, _OpenLog]) -> None:
 
 
 class FileStore:
-    """Sessions as JSON-lines files under ``root`` (created if missing).
+    """Sessions as JSON-lines files under ``root``.
+
+    ``root`` is created if missing, unless ``create=False``: then a missing
+    folder is a ``StoreError``, so a reader never leaves an empty store behind.
 
     Safe to share between asyncio tasks and threads, and between processes
     on one machine (``flock``); not on network file systems whose ``flock``
     is not shared between machines.
     """
 
-    def __init__(self, root: str | os.PathLike[str], durability: Durability = "fsync") -> None:
+    def __init__(self, root: str | os.PathLike[str], durability: Durability = "fsync",
+                 *, create: bool = True) -> None:
         if durability not in ("fsync", "flush"):
             raise ConfigError(f"durability must be 'fsync' or 'flush', got {durability!r}")
         self.root = Path(root)
@@ -226,6 +230,10 @@ class FileStore:
         self._executor: ThreadPoolExecutor | None = None
         weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
+        if not create:
+            if not self.root.is_dir():
+                raise StoreError(f"no file store at {self.root}: the folder does not exist")
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -135,7 +135,11 @@ class PostgresStore:
     lock, on first use. ``prepare_threshold=None`` disables server-side
     prepared statements (PgBouncer transaction pooling). ``min_size``,
     ``max_size``, ``timeout`` (seconds to wait for a pooled connection) and
-    ``connect_timeout`` shape the pool the store creates.
+    ``connect_timeout`` shape the pool the store creates. The first use makes
+    one plain connection before starting the pool, so a wrong host, database or
+    password fails at once with the server's own reason instead of pool retries.
+    With ``create=False`` a schema that does not exist is a ``StoreError``
+    rather than being created.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class PostgresStore:
         max_size: int = 10,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        create: bool = True,
     ) -> None:
         if not isinstance(schema, str) or not schema or "\x00" in schema:
             raise ConfigError(f"PostgresStore schema must be a non-empty name, got {schema!r}")
@@ -156,6 +161,8 @@ class PostgresStore:
                               f"max_size >= 1, got min_size={min_size}, max_size={max_size}")
         self.schema = schema
         self._connect_timeout = connect_timeout
+        self._create = create
+        self._url = url_or_pool if isinstance(url_or_pool, str) else None
         if isinstance(url_or_pool, AsyncConnectionPool):
             self._pool: AsyncConnectionPool[Any] = url_or_pool
             self._owns_pool = False
@@ -204,7 +211,8 @@ class PostgresStore:
         async with self._ready_lock:
             if self._ready:
                 return
-            if self._owns_pool:
+            if self._url is not None:
+                await self._probe(self._url)
                 try:
                     await self._pool.open(wait=True, timeout=self._connect_timeout)
                 except (PoolTimeout, psycopg.Error) as exc:
@@ -213,6 +221,24 @@ class PostgresStore:
                                      f"{self._connect_timeout:g}s: {exc}") from exc
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
+
+    async def _probe(self, url: str) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
+        except psycopg.Error as exc:
+            # libpq repeats the reason once per address it tried; the first line says it.
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise StoreError(f"{self._where}: cannot connect: {reason}") from exc
+        async with conn:
+            if self._create:
+                return
+            cur = await conn.execute("SELECT to_regclass(%s)",
+                                     (sql.Identifier(self.schema, "sessions").as_string(None),))
+            row = await cur.fetchone()
+            if row is None or row[0] is None:
+                raise StoreError(f"no threadline store in {self._where}: "
+                                 f"the schema or its tables do not exist")
 
     async def _migrate(self, conn: Conn) -> None:
         ident = sql.Identifier(self.schema)

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from threadline.errors import (
@@ -110,7 +111,8 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 class SQLiteStore:
     """A ``ManagedStore`` in one SQLite file.
 
-    ``path`` is the database file (created with its folder if missing).
+    ``path`` is the database file (created with its folder if missing, unless
+    ``create=False``: then a missing file is a ``StoreError``).
     ``synchronous`` is ``"FULL"`` (default, survives power loss) or
     ``"NORMAL"``. ``busy_timeout`` is how many seconds an operation waits for
     another process's write lock before failing with ``StoreError``.
@@ -122,6 +124,7 @@ class SQLiteStore:
         *,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout: float = 30.0,
+        create: bool = True,
     ) -> None:
         sync = str(synchronous).upper()
         if sync not in ("FULL", "NORMAL"):
@@ -133,6 +136,7 @@ class SQLiteStore:
         self.path = os.fspath(path)
         self.synchronous = sync
         self.busy_timeout = float(busy_timeout)
+        self._create = create
         self._conn: sqlite3.Connection | None = None
         self._poisoned: BaseException | None = None
         self._closed = False
@@ -162,12 +166,19 @@ class SQLiteStore:
         return fn(self._conn)
 
     def _open(self) -> sqlite3.Connection:
-        folder = os.path.dirname(os.path.abspath(self.path))
+        target = self.path
         try:
-            os.makedirs(folder, exist_ok=True)
+            if self._create:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            elif not os.path.isfile(self.path):
+                raise StoreError(f"no SQLite store at {self.path}: the file does not exist")
+            else:
+                # mode=rw: if the file vanished since the check, fail rather than create it.
+                target = Path(os.path.abspath(self.path)).as_uri() + "?mode=rw"
             # isolation_level=None: transactions are begun explicitly below.
-            conn = sqlite3.connect(self.path, timeout=min(self.busy_timeout, _BUSY_SLICE),
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(target, timeout=min(self.busy_timeout, _BUSY_SLICE),
+                                   isolation_level=None, check_same_thread=False,
+                                   uri=not self._create)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open SQLite database: {exc}") from exc
         try:

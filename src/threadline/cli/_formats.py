@@ -1,0 +1,144 @@
+"""Export and import formats, by name: ``EXPORTERS`` and ``IMPORTERS``.
+
+An exporter writes one session (its record and tree) as bytes; an importer
+turns a file's bytes into sessions. Adding a format is one function and one
+dictionary entry here; ``export --format`` and ``import --format`` offer
+whatever the dictionaries hold.
+
+The default ``jsonl`` export is threadline's own file format (a
+``session_init`` line, then every entry as stored), so ``import`` reads it
+back into any store with the same record and the same entry bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+
+from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.cli._output import json_bytes, visible
+from threadline.errors import CorruptLog
+from threadline.session._codec import decode_entry, decode_init, encode_entries, encode_init
+from threadline.session._context import build_context
+from threadline.session._entries import (
+    BranchSummaryEntry,
+    CompactionEntry,
+    CustomEntry,
+    CustomMessageEntry,
+    Entry,
+    MessageEntry,
+    OpaqueEntry,
+    SessionRecord,
+)
+from threadline.session._tree import TreeIndex
+
+__all__ = ["EXPORTERS", "IMPORTERS", "Imported"]
+
+Exporter = Callable[[SessionRecord, TreeIndex, bool], bytes]
+"""(record, tree, to a terminal) -> the bytes to write."""
+
+
+def _export_jsonl(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
+    # To a file or a pipe: the stored bytes exactly, like ``cat`` of the file
+    # (JSON escapes ESC and BEL already); to a terminal, C1 and bidi escaped too.
+    data = encode_init(record) + b"\n" + encode_entries(tree.entries)
+    return json_bytes(data, escape=terminal)
+
+
+def _export_messages(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
+    data = msgspec.json.format(msgspec.json.encode(build_context(tree.path()))) + b"\n"
+    return json_bytes(data)
+
+
+def _md_text(text: str) -> str:
+    # Shown literally: no raw HTML reaches a Markdown renderer, no control
+    # character reaches a terminal.
+    return html.escape(visible(text, keep_lines=True), quote=False)
+
+
+def _fenced(text: str, lang: str = "") -> str:
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{visible(text, keep_lines=True)}\n{fence}"
+
+
+def _md_entry(entry: Entry) -> list[str]:
+    if isinstance(entry, MessageEntry):
+        m = entry.message
+        if isinstance(m, UserMessage):
+            return ["## User", _md_text(m.text)]
+        if isinstance(m, AssistantMessage):
+            out = ["## Assistant"] + ([_md_text(m.text)] if m.text else [])
+            for call in m.tool_calls:
+                args = msgspec.json.format(msgspec.json.encode(call.arguments)).decode()
+                out += [f"Tool call `{visible(call.name)}`:", _fenced(args, "json")]
+            if m.stop_reason == "error":
+                out.append(f"> **Error:** {_md_text(m.error_message or 'no message')}")
+            return out
+        if isinstance(m, ToolResultMessage):
+            label = " (error)" if m.is_error else ""
+            label += f" ({m.synthesized})" if m.synthesized else ""
+            return [f"### Tool result `{visible(m.tool_name)}`{label}", _fenced(m.text)]
+    if isinstance(entry, CompactionEntry):
+        return ["## Summary of the earlier conversation", _md_text(entry.summary)]
+    if isinstance(entry, BranchSummaryEntry):
+        return ["## Summary of another branch", _md_text(entry.summary)]
+    if isinstance(entry, CustomMessageEntry | CustomEntry):
+        return [f"*custom entry `{visible(entry.kind)}`*"]
+    if isinstance(entry, OpaqueEntry):
+        return [f"*entry of unknown type `{visible(entry.type)}`*"]
+    return []
+
+
+def _export_markdown(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
+    head = [f"# Session `{visible(record.id)}`",
+            f"Created {record.created_at.isoformat()}"
+            + (f", forked from `{visible(record.parent_id)}`" if record.parent_id else "")
+            + ". The active path:"]
+    blocks = head + [block for entry in tree.path() for block in _md_entry(entry)]
+    return ("\n\n".join(blocks) + "\n").encode()
+
+
+EXPORTERS: dict[str, Exporter] = {
+    "jsonl": _export_jsonl,
+    "messages": _export_messages,
+    "markdown": _export_markdown,
+}
+
+
+class Imported(NamedTuple):
+    record: SessionRecord
+    entries: list[Entry]
+
+
+Importer = Callable[[bytes, str], list[Imported]]
+"""(file bytes, file name for errors) -> the sessions in it."""
+
+_INIT = b'{"type":"session_init"'
+
+
+def _import_threadline(data: bytes, name: str) -> list[Imported]:
+    """One or more sessions, each a ``session_init`` line followed by its entries."""
+    lines = data.split(b"\n")  # never a universal-newline split: see docs/design.md
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if not lines:
+        raise CorruptLog("the file is empty; expected a session_init line", path=name, line=1)
+    found: list[Imported] = []
+    for lineno, line in enumerate(lines, 1):
+        if lineno == 1 or line.startswith(_INIT):
+            record = decode_init(line, path=name, lineno=lineno)
+            found.append(Imported(record, []))
+        else:
+            found[-1].entries.append(
+                decode_entry(line, session_id=found[-1].record.id, path=name, lineno=lineno))
+    return found
+
+
+IMPORTERS: dict[str, Importer] = {
+    "threadline": _import_threadline,
+}

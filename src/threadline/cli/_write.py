@@ -1,0 +1,192 @@
+"""Verbs that write: ``fork``, ``delete``, ``import``, ``copy``.
+
+A session is opened the one way the library offers, ``durable.open``, so a
+fork sees the same repaired transcript an agent would. Sources are opened
+with ``create=False``; only a destination may be created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from threadline import durable
+from threadline.cli._app import Ctx, Verb
+from threadline.cli._formats import IMPORTERS, Imported
+from threadline.cli._output import visible
+from threadline.cli._read import add_json
+from threadline.cli._render import resolve
+from threadline.errors import ConfigError
+from threadline.session._memory import MemoryStore
+from threadline.session._tree import TreeIndex
+from threadline.stores import CopyProgress, CopyResult, copy_sessions
+
+__all__ = ["VERBS"]
+
+
+# -- fork ---------------------------------------------------------------------------
+
+
+def _conf_fork(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session")
+    p.add_argument("--id", help="id of the new session (default: generated)")
+    p.add_argument("--at", metavar="ENTRY", help="fork the path to this entry, not to the leaf")
+    add_json(p)
+
+
+async def _fork(ctx: Ctx, args: argparse.Namespace) -> None:
+    store = ctx.open()
+    await store.load_session(args.session)  # open() would create a missing session
+    agent = await durable.open(None, store=store, session_id=args.session)
+    if args.at:
+        agent.branch(resolve(TreeIndex(agent.entries, session_id=args.session), args.at))
+    child = await agent.fork(args.id)
+    if args.json:
+        ctx.out.json({"source": args.session, "session_id": child.session_id,
+                      "entries": len(child.entries)})
+    else:
+        ctx.out.line(f"forked {args.session} -> {child.session_id} "
+                     f"({len(child.entries)} entries)")
+
+
+# -- delete -------------------------------------------------------------------------
+
+
+def _conf_delete(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sessions", nargs="+", metavar="SESSION")
+    p.add_argument("--yes", action="store_true",
+                   help="do not ask (required when stdin is not a terminal)")
+    add_json(p)
+
+
+async def _delete(ctx: Ctx, args: argparse.Namespace) -> int:
+    store = ctx.open()
+    ids: list[str] = list(dict.fromkeys(args.sessions))
+    for sid in ids:  # all or nothing: a typo in the third id deletes none
+        await store.load_session(sid)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("delete asks before it deletes; pass --yes when stdin is not "
+                              "a terminal")
+        ctx.err.line(f"delete {len(ids)} session(s) from {ctx.store_url}: {', '.join(ids)}? "
+                     "[y/N] ")
+        if (await asyncio.to_thread(input)).strip().lower() not in ("y", "yes"):
+            ctx.err.line("nothing deleted")
+            return 1
+    for sid in ids:
+        await store.delete_session(sid)
+        if args.json:
+            ctx.out.json({"deleted": sid})
+        else:
+            ctx.out.line(f"deleted {sid}")
+    return 0
+
+
+# -- import -------------------------------------------------------------------------
+
+
+def _conf_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="files to read ('-' for stdin)")
+    p.add_argument("--format", choices=sorted(IMPORTERS), default="threadline",
+                   help="threadline (default): what `threadline export` writes")
+    add_json(p)
+
+
+def _read_file(name: str, fmt: str) -> list[Imported]:
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {name}: {exc.strerror or exc}") from exc
+    return IMPORTERS[fmt](data, "<stdin>" if name == "-" else name)
+
+
+async def _import(ctx: Ctx, args: argparse.Namespace) -> None:
+    found = [(name, item) for name in args.files for item in _read_file(name, args.format)]
+    staging = MemoryStore()
+    for _, item in found:
+        await staging.create_session(item.record)
+        await staging.append_entries(item.record.id, item.entries)
+    dst = ctx.open(create=True)
+    # copy_sessions brings the resume-or-refuse rule: a session already there
+    # with the same entries is skipped, one that differs is a CopyConflict.
+    statuses: dict[str, str] = {}
+    await copy_sessions(staging, dst, ids=[item.record.id for _, item in found],
+                        progress=lambda p: statuses.__setitem__(p.session_id, p.status))
+    for name, item in found:
+        sid = item.record.id
+        if args.json:
+            ctx.out.json({"session_id": sid, "file": name, "entries": len(item.entries),
+                          "status": statuses[sid]})
+        else:
+            verb = "already present, unchanged" if statuses[sid] == "skipped" else "imported"
+            ctx.out.line(f"{verb}: {sid} ({len(item.entries)} entries) from {name}")
+
+
+# -- copy ---------------------------------------------------------------------------
+
+
+def _conf_copy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source")
+    p.add_argument("destination")
+    p.add_argument("ids", nargs="*", help="session ids (default: all)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON line per session, then one for the totals")
+
+
+_RESUME = ("run the same command again to resume (complete sessions are skipped, a partly "
+           "copied one gets the rest)")
+
+
+def _summary(result: CopyResult, args: argparse.Namespace) -> str:
+    total = result.copied + result.resumed + result.skipped
+    return (f"{total} session(s) from {args.source} to {args.destination}: "
+            f"{result.copied} copied, {result.resumed} resumed, {result.skipped} already "
+            f"complete; {result.entries} entries written")
+
+
+async def _copy(ctx: Ctx, args: argparse.Namespace) -> None:
+    src = ctx.open(args.source)
+    await src.list_sessions(limit=1)  # a missing source fails before the destination is made
+    dst = ctx.open(args.destination, create=True)
+    ctx.interrupt_hint = f"copy stopped; {_RESUME}"
+
+    def note(p: CopyProgress) -> None:
+        ctx.interrupt_hint = f"copy stopped after {p.done} of {p.total} sessions; {_RESUME}"
+
+    ids = list(args.ids) or None
+    if args.json:
+        def report(p: CopyProgress) -> None:
+            note(p)
+            ctx.out.json(p)
+
+        result = await copy_sessions(src, dst, ids=ids, progress=report)
+        ctx.out.json(result)
+        return
+    if ctx.err.is_terminal:
+        columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+                   MofNCompleteColumn(), TextColumn("{task.fields[current]}", markup=False))
+        with Progress(*columns, console=ctx.err.console(), transient=True) as bar:
+            task = bar.add_task("copying sessions", total=None, current="")
+
+            def show(p: CopyProgress) -> None:
+                note(p)
+                bar.update(task, completed=p.done, total=p.total,
+                           current=visible(p.session_id))
+
+            result = await copy_sessions(src, dst, ids=ids, progress=show)
+    else:
+        result = await copy_sessions(src, dst, ids=ids, progress=note)
+    ctx.out.line(("copied ", "bold"), _summary(result, args))
+
+
+VERBS = [
+    Verb("fork", "copy a session's active path into a new session", _conf_fork, _fork),
+    Verb("delete", "delete sessions", _conf_delete, _delete),
+    Verb("import", "read sessions from files (what `export` writes) into the store",
+         _conf_import, _import),
+    Verb("copy", "copy sessions between stores (resumable)", _conf_copy, _copy),
+]
