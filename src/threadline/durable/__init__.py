@@ -14,7 +14,17 @@ from threadline.durable._compaction import (
     plan_compaction,
     summarize,
 )
+from threadline.durable._effects import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CallState,
+    PendingApproval,
+    ToolPlan,
+    ToolStarted,
+    pending_approvals,
+)
 from threadline.durable._events import (
+    ApprovalRequested,
     LifecycleEvent,
     Publisher,
     PublisherLike,
@@ -25,18 +35,24 @@ from threadline.durable._events import (
     SessionForked,
     SessionInit,
     StoredMessageEnd,
+    ToolCallInDoubt,
 )
 from threadline.durable._factory import ModelFactory, model
 from threadline.durable._repair import orphaned_results
 from threadline.durable._subprocess_loop import SubprocessFactory, SubprocessLoop, subprocess
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalRequested",
+    "CallState",
     "CompactionPlan",
     "CompactionPolicy",
     "DurableAgent",
     "Factory",
     "LifecycleEvent",
     "ModelFactory",
+    "PendingApproval",
     "PublishError",
     "Publisher",
     "PublisherLike",
@@ -52,6 +68,9 @@ __all__ = [
     "SubprocessFactory",
     "SubprocessLoop",
     "TokenEstimate",
+    "ToolCallInDoubt",
+    "ToolPlan",
+    "ToolStarted",
     "estimate_context_tokens",
     "estimate_path",
     "estimate_tokens",
@@ -59,6 +78,7 @@ __all__ = [
     "model",
     "open",
     "orphaned_results",
+    "pending_approvals",
     "plan_compaction",
     "subprocess",
     "summarize",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from threadline.agent._events import AgentEvent, MessageEnd
-from threadline.session._entries import CompactionEntry, Entry
+from threadline.session._entries import CompactionEntry, CustomEntry, Entry
 
 __all__ = [
+    "ApprovalRequested",
     "LifecycleEvent",
     "Publisher",
     "PublisherLike",
@@ -20,6 +21,7 @@ __all__ = [
     "SessionForked",
     "SessionInit",
     "StoredMessageEnd",
+    "ToolCallInDoubt",
 ]
 
 
@@ -39,7 +41,44 @@ class StoredMessageEnd(MessageEnd):
     entries: tuple[Entry, ...] = ()
 
 
-RunEvent: TypeAlias = AgentEvent | RunStarted | StoredMessageEnd
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """A call is held for a human decision; ``entry`` (the request) is already stored.
+
+    The run ends after this turn: its ``AgentEnd.stop_reason`` is
+    ``"awaiting_approval"``. Decide with ``approve`` / ``deny`` from any process,
+    then continue with ``continue_run()``.
+    """
+
+    session_id: str
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    reason: str
+    entry: CustomEntry[Any]
+    type: Literal["approval_requested"] = "approval_requested"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallInDoubt:
+    """``continue_run`` met a call that started but has no result, and dealt with it.
+
+    ``outcome``: ``rerun`` (replay="safe"), ``reconciled`` (``reconcile`` found
+    the effect), ``not_happened`` (``reconcile`` found none; the call runs),
+    ``unknown`` (it got the "outcome unknown" result).
+    """
+
+    session_id: str
+    call_id: str
+    tool_name: str
+    idempotency_key: str
+    outcome: Literal["rerun", "reconciled", "not_happened", "unknown"]
+    type: Literal["tool_call_in_doubt"] = "tool_call_in_doubt"
+
+
+RunEvent: TypeAlias = (
+    AgentEvent | RunStarted | StoredMessageEnd | ApprovalRequested | ToolCallInDoubt
+)
 
 
 @dataclass(frozen=True, slots=True)
