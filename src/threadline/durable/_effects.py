@@ -371,17 +371,19 @@ async def pending_approvals(store: Store, session_ids: Sequence[str] | None = No
 
 
 async def reload(agent: DurableAgent) -> None:
-    """Take in what other processes appended; follow them if they extended our leaf."""
+    """Take in what other processes appended; follow them if they extended our leaf.
+
+    The index is rebuilt in the store's order, which decides between decisions.
+    """
     entries = await agent.store.load_entries(agent.session_id)
-    tree = agent.tree
-    leaf = tree.leaf_id
+    leaf = agent.tree.leaf_id
+    known = {e.id for e in agent.tree}
+    tree = TreeIndex(entries, session_id=agent.session_id)
     for entry in entries:
-        if entry.id in tree:
-            continue
-        tree.add(entry)
-        if entry.parent_id == leaf:
+        if entry.id not in known and entry.parent_id == leaf:
             leaf = entry.id
     tree.set_leaf(leaf)
+    agent._tree = tree
 
 
 async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: str,
