@@ -15,6 +15,13 @@ and, in the same run, a floor for the file store: the run's 200 encoded
 entries written one line at a time to a fresh file, each ``os.write`` followed
 by ``os.fdatasync`` (what any durable per-message log must pay at least).
 
+The effect ledger (``docs/tools-with-side-effects.md``): the same run with the
+tool declared ``side_effects=True`` on the fsync file store, so each of the 99
+calls also gets its durable "started" record before it runs. Its cost per call
+(tracked minus untracked, divided by 99) is reported against one
+``os.write`` + ``os.fdatasync`` of a started record's line, measured in the
+same run: the promise is one durable append per tool call and nothing more.
+
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
 bare + floor. Repetitions are interleaved so load from other jobs hits every
@@ -46,7 +53,7 @@ from pathlib import Path
 from threadline import durable
 from threadline.agent import AgentLoop
 from threadline.ai import ToolResult, UserMessage, tool
-from threadline.session import FileStore, MemoryStore, encode_entry
+from threadline.session import CustomEntry, FileStore, MemoryStore, encode_entry
 from threadline.session._store import Store
 from threadline.testing import Call, ScriptedModel, Text, Turn
 
@@ -61,9 +68,15 @@ async def lookup(step: int) -> ToolResult:
     return ToolResult.text(f"result of step {step}: " + "x" * 120)
 
 
-def script() -> list[Turn]:
+@tool(side_effects=True)
+async def charge(step: int) -> ToolResult:
+    """Charge something (declared as having side effects, so its calls are tracked)."""
+    return ToolResult.text(f"result of step {step}: " + "x" * 120)
+
+
+def script(name: str = "lookup") -> list[Turn]:
     turns = [
-        Turn(Text(f"Step {i}: ", "I will look this up."), Call("lookup", {"step": i}))
+        Turn(Text(f"Step {i}: ", "I will look this up."), Call(name, {"step": i}))
         for i in range(TURNS_WITH_TOOLS)
     ]
     turns.append(Turn.text("All ", "steps ", "done."))
@@ -72,6 +85,15 @@ def script() -> list[Turn]:
 
 def make_loop() -> AgentLoop:
     return AgentLoop(ScriptedModel(script()), [lookup], max_turns=None)
+
+
+def make_tracked_loop() -> AgentLoop:
+    return AgentLoop(ScriptedModel(script("charge")), [charge], max_turns=None)
+
+
+# Per tool call the tracked run stores a plan (in the assistant's own append)
+# and a started record (one more append).
+TRACKED_ENTRIES = MESSAGES + 2 * TURNS_WITH_TOOLS
 
 
 INPUT = UserMessage.of("Do the 99 steps, please.")
@@ -85,8 +107,9 @@ async def bare() -> float:
     return time.perf_counter() - t
 
 
-async def run_durable(store: Store) -> tuple[float, int]:
-    agent = await durable.open(make_loop, store=store)
+async def run_durable(store: Store, factory: Callable[[], AgentLoop] = make_loop
+                      ) -> tuple[float, int]:
+    agent = await durable.open(factory, store=store)
     t = time.perf_counter()
     async for _ in agent.run(INPUT):
         pass
@@ -117,9 +140,15 @@ async def main() -> None:
     await sample.run(INPUT).collect()
     assert len(sample.entries) == MESSAGES, len(sample.entries)
     lines = [encode_entry(e) + b"\n" for e in sample.entries]
+    tracked = await durable.open(make_tracked_loop, store=MemoryStore())
+    await tracked.run(INPUT).collect()
+    started_lines = [encode_entry(e) + b"\n" for e in tracked.entries
+                     if isinstance(e, CustomEntry) and e.kind == "threadline.tool_started"]
+    assert len(started_lines) == TURNS_WITH_TOOLS, len(started_lines)
 
     times: dict[str, list[float]] = {k: [] for k in (
-        "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync")}
+        "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync",
+        "durable_file_fsync_tracked", "floor_started")}
     with tempfile.TemporaryDirectory(prefix="threadline-bench-") as tmp:
         root = Path(tmp)
         variants: list[tuple[str, Callable[[], Awaitable[float]]]] = [
@@ -128,6 +157,8 @@ async def main() -> None:
             ("durable_file_flush",
              lambda: _timed(run_durable(FileStore(root / "flush", durability="flush")))),
             ("durable_file_fsync", lambda: _timed(run_durable(FileStore(root / "fsync")))),
+            ("durable_file_fsync_tracked", lambda: _timed(
+                run_durable(FileStore(root / "tracked"), make_tracked_loop), TRACKED_ENTRIES)),
         ]
         await bare()  # warm up imports and caches
         for _ in range(reps):
@@ -135,6 +166,7 @@ async def main() -> None:
                 gc.collect()
                 times[name].append(await fn())
             times["floor_fsync"].append(floor(lines, root / "floor.jsonl"))
+            times["floor_started"].append(floor(started_lines, root / "started.jsonl"))
 
     best = {k: min(v) for k, v in times.items()}
     per_msg_us = {k: v / MESSAGES * 1e6 for k, v in best.items()}
@@ -155,23 +187,36 @@ async def main() -> None:
         "durable_file_fsync / (bare + floor)":
             paired("durable_file_fsync", "bare", "floor_fsync"),
     }
+    def started_cost(i: int | None) -> float:
+        pick = (lambda k: best[k]) if i is None else (lambda k: times[k][i])
+        extra = pick("durable_file_fsync_tracked") - pick("durable_file_fsync")
+        return extra / pick("floor_started")  # both are over the same 99 appends
+
+    ratios["started record per call / one write+fdatasync"] = started_cost(None)
+    paired_ratios["started record per call / one write+fdatasync"] = statistics.median(
+        started_cost(i) for i in range(reps))
     overhead_us = {
         "durable_memory - bare": (best["durable_memory"] - best["bare"]) / MESSAGES * 1e6,
         "durable_file_fsync - (bare + floor)": (
             best["durable_file_fsync"] - best["bare"] - best["floor_fsync"]
         ) / MESSAGES * 1e6,
+        "started record per tool call": (
+            best["durable_file_fsync_tracked"] - best["durable_file_fsync"]
+        ) / TURNS_WITH_TOOLS * 1e6,
+        "one write+fdatasync of a started line": best["floor_started"] / TURNS_WITH_TOOLS * 1e6,
     }
 
     print(f"{MESSAGES} messages ({TURNS_WITH_TOOLS} tool calls), best of {reps}")
-    print(f"{'variant':<22} {'ms':>9} {'µs/message':>11}")
+    print(f"{'variant':<28} {'ms':>9} {'µs/message':>11}")
     for name in times:
-        print(f"{name:<22} {best[name] * 1e3:>9.2f} {per_msg_us[name]:>11.1f}")
+        print(f"{name:<28} {best[name] * 1e3:>9.2f} {per_msg_us[name]:>11.1f}")
     print()
-    print(f"{'ratio':<38} {'best':>7} {'median':>7}")
+    print(f"{'ratio':<48} {'best':>7} {'median':>7}")
     for name, value in ratios.items():
-        print(f"{name:<38} {value:>6.2f}x {paired_ratios[name]:>6.2f}x")
+        print(f"{name:<48} {value:>6.2f}x {paired_ratios[name]:>6.2f}x")
     for name, value in overhead_us.items():
-        print(f"{name:<38} {value:>6.1f} µs/message")
+        unit = "µs/call" if "call" in name or "started" in name else "µs/message"
+        print(f"{name:<48} {value:>6.1f} {unit}")
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
@@ -190,9 +235,9 @@ async def main() -> None:
     print(f"\nwrote {RESULTS}")
 
 
-async def _timed(run: Awaitable[tuple[float, int]]) -> float:
+async def _timed(run: Awaitable[tuple[float, int]], expected: int = MESSAGES) -> float:
     elapsed, entries = await run
-    assert entries == MESSAGES, entries
+    assert entries == expected, entries
     return elapsed
 
 

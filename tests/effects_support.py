@@ -7,7 +7,7 @@ so a test can count how often an effect really happened, across processes.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,23 +79,31 @@ class Counter:
 
 
 def pay_tool(counter: Counter, *, replay: Replay, reconcile: bool = False,
-             hooks: Any = None) -> Tool:
+             hooks: Any = None, pause: Callable[[], Awaitable[None]] | None = None) -> Tool:
     """``pay(order)``: one effect per call keyed by the call's idempotency key.
 
-    ``hooks`` (optional) is called with a phase name before each step, so a
-    child process can report where it is and a test can kill it there.
+    ``hooks`` (optional) is called with a phase name after each step, so a
+    child process can report where it is; ``pause`` is awaited between steps,
+    so a kill can land between them.
     """
 
     def mark(phase: str, key: str) -> None:
         if hooks is not None:
             hooks(phase, key)
 
+    async def step() -> None:
+        if pause is not None:
+            await pause()
+
     async def pay(order: str, context: ToolContext) -> str:
         """Charge an order."""
         key = context.idempotency_key
+        await step()
         mark("entered", key)
+        await step()
         applied = counter.hit(key, dedupe=replay == "safe")
         mark("effect", key)
+        await step()
         return f"paid {order} (applied {applied})"
 
     def found(key: str) -> str | None:
