@@ -10,6 +10,7 @@ effect counter (a real SQLite file) say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from effects_support import (
     PROCESS_STORE_KINDS,
     Counter,
@@ -30,7 +32,6 @@ from effects_support import (
     pay_tool,
     store_url,
 )
-
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolContext, ToolResultMessage, UserMessage, tool
 from threadline.ai._model import Request
@@ -89,7 +90,7 @@ async def _child(job: dict[str, Any]) -> None:
             agent = await durable.open(None, store=store, session_id=job["session"])
             go = Path(job["go"]) if job.get("go") else None
             _say(tag=tag, ready=True)
-            while go is not None and not go.exists():  # noqa: ASYNC110, ASYNC240
+            while go is not None and not go.exists():  # noqa: ASYNC110
                 await asyncio.sleep(0.0005)
             try:
                 if job["approve"]:
@@ -186,7 +187,8 @@ class Zygote:
         self.proc.stdin.flush()
         return int(self.wait_for(job["tag"], "pid")["pid"])
 
-    def wait_for(self, tag: str, key: str, value: Any = None, timeout: float = 60) -> dict[str, Any]:
+    def wait_for(self, tag: str, key: str, value: Any = None,
+                 timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -222,10 +224,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it finished first
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:  # it finished first
-        pass
 
 
 PHASES = ("before_started", "after_started", "mid_tool", "after_effect", "after_result")
@@ -331,7 +331,8 @@ def test_s21_double_payment_200_kills_at_every_phase(
                 assert applied == 1, f"kill {i}: {call.id} applied {applied} times"
                 assert result.text.startswith("paid"), result
     assert kills >= 200
-    print(f"{replay} on {url.split(':')[0]}: calls left in each phase by the kills: {hit}")
+    kind = url.split(":", maxsplit=1)[0]
+    print(f"{replay} on {kind}: calls left in each phase by the kills: {hit}")
     assert all(n >= 3 for n in hit.values()), hit  # every phase really was hit
     if replay == "safe":
         assert any(h > 1 for h, _ in counter.table().values())  # reruns, deduplicated

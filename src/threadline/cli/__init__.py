@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--model", default=os.environ.get("THREADLINE_MODEL", "openai:gpt-4.1-mini"),
                     help="provider:model (default: $THREADLINE_MODEL or %(default)s)")
     ch.add_argument("--system", default=None, help="system prompt")
+
+    from threadline.cli._approvals import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -101,13 +105,14 @@ async def _dispatch(args: argparse.Namespace, console: Console) -> None:
         await _copy(args, console)
         return
 
+    from threadline.cli._approvals import COMMANDS
     from threadline.stores import open_store
 
     store = open_store(args.store)
     try:
         handler = {
             "list": _list, "show": _show, "tree": _tree, "export": _export, "fork": _fork,
-            "check": _check, "chat": _chat,
+            "check": _check, "chat": _chat, **COMMANDS,
         }[args.command]
         await handler(store, args, console)
     finally:

@@ -6,6 +6,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.cli._approvals import describe_record
 from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
@@ -61,7 +62,7 @@ def describe(entry: Entry, width: int = 70) -> Text:
     elif isinstance(entry, CustomMessageEntry):
         out.append(f"custom message ({entry.kind}) ", style="bold blue")
     elif isinstance(entry, CustomEntry):
-        out.append(f"custom ({entry.kind})", style="dim")
+        out.append_text(describe_record(entry) or Text(f"custom ({entry.kind})", style="dim"))
     elif isinstance(entry, OpaqueEntry):
         out.append(f"unknown entry type {entry.type!r}", style="dim")
     return out
