@@ -50,7 +50,8 @@ def test_s24_cli_refuses_decisions_with_one_line_errors(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     _asking_session(root)
     store = ["--store", str(root)]
-    tl(*store, "deny", "t-1", "big", "--reason", "fraud")
+    tl(*store, "deny", "t-1", "big", "--reason", "[bold]fraud[/bold]")
+    assert "denied call big: [bold]fraud[/bold]" in tl(*store, "show", "t-1").stdout  # literal
     again = tl(*store, "approve", "t-1", "big", check=False)
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert "already denied" in again.stderr and len(again.stderr.strip().splitlines()) <= 2

@@ -21,6 +21,7 @@ from threadline.ai import AssistantMessage, ToolCall, ToolContext, ToolResultMes
 from threadline.durable import (
     ApprovalRequested,
     RunEvent,
+    RunStarted,
     ToolCallInDoubt,
     ToolPlan,
     ToolStarted,
@@ -29,7 +30,13 @@ from threadline.durable import (
 from threadline.errors import AgentError, ApprovalError, DecisionConflict
 from threadline.session import CustomEntry, Entry, MemoryStore, MessageEntry, Store
 from threadline.stores import open_store
-from threadline.testing import Call, ScriptedModel, Turn, assert_valid_for_providers
+from threadline.testing import (
+    Call,
+    ScriptedModel,
+    Turn,
+    assert_event_order,
+    assert_valid_for_providers,
+)
 
 
 class Stores:
@@ -292,6 +299,7 @@ async def test_s23_approval_outlives_the_agent_that_asked(stores: Stores,
     end = events[-1]
     assert isinstance(end, AgentEnd) and end.stop_reason == "awaiting_approval"
     assert end.awaiting_approval == ("big",)
+    assert_event_order([e for e in events if not isinstance(e, RunStarted | ApprovalRequested)])
     assert len(counter.table()) == 1  # the small refund ran; the big one waits
     assert [p.call_id for p in a.pending_approvals()] == ["big"]
     del a
@@ -418,3 +426,26 @@ async def test_s24_two_deciders_at_once_first_in_log_order_wins(stores: Stores,
     await c.continue_run().collect()
     assert "denied" in assert_one_result_each(c.path())["big"].text
     assert len(counter.table()) == 1
+
+
+async def test_s21_a_started_call_the_run_aborted_is_listed_in_doubt(stores: Stores) -> None:
+    entered = asyncio.Event()
+
+    @tool(side_effects=True)
+    async def slow(ctx: ToolContext) -> str:
+        """Never finishes."""
+        entered.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    lm = ScriptedModel([Turn(Call("slow", {}, id="s1"))])
+    agent = await durable.open(durable.model(lm, [slow]), store=stores.open(), session_id="ab")
+    async with agent.run("go") as run:
+        async for event in run:
+            if event.type == "tool_execution_start":
+                await entered.wait()
+                break
+    (result,) = assert_one_result_each(agent.path()).values()
+    assert result.synthesized == "aborted"
+    (doubt,) = agent.in_doubt()
+    assert doubt.call.id == "s1" and doubt.attempts == 1 and len(doubt.idempotency_key) == 32

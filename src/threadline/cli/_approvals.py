@@ -62,9 +62,10 @@ async def _pending(store: Any, args: argparse.Namespace, console: Console) -> No
         return
     table = Table("session", "call", "tool", "arguments", "reason", "requested")
     for p in found:
-        table.add_row(p.session_id, p.call_id, p.tool_name,
-                      msgspec.json.encode(p.arguments).decode(), p.reason,
-                      f"{p.requested_at:%Y-%m-%d %H:%M:%S}")
+        # Text cells: ids, arguments and reasons are data, never rich markup.
+        table.add_row(*(Text(cell) for cell in (
+            p.session_id, p.call_id, p.tool_name, msgspec.json.encode(p.arguments).decode(),
+            p.reason, f"{p.requested_at:%Y-%m-%d %H:%M:%S}")))
     console.print(table)
 
 
@@ -79,7 +80,7 @@ async def _decide(store: Any, args: argparse.Namespace, console: Console) -> Non
         entry = await agent.deny(args.call, args.reason, by=args.by)
     verdict = "approved" if args.command == "approve" else "denied"
     console.print(f"{verdict} call {args.call} in session {args.session} "
-                  f"(entry {entry.id}); continue the run to act on it")
+                  f"(entry {entry.id}); continue the run to act on it", markup=False)
 
 
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Console], Awaitable[None]]] = {

@@ -320,13 +320,23 @@ def in_doubt(agent: DurableAgent) -> list[CallState]:
     """Calls whose effect may or may not have happened: still open, or answered "unknown"."""
     out = [s for s in call_states(agent) if s.status == "in_doubt"]
     index = _Index(agent.tree)
+    started: dict[str, str] = {}  # call id -> key, of started records on the path
     for entry in agent.path():
-        if isinstance(entry, MessageEntry) and isinstance(entry.message, ToolResultMessage):
-            details = entry.message.details
-            if isinstance(details, dict) and details.get("outcome") == "unknown":
-                call = ToolCall(id=entry.message.tool_call_id, name=entry.message.tool_name)
-                key = str(details.get("idempotency_key", ""))
-                out.append(CallState(call, "answered", key, True, index.started.get(key, 0)))
+        record = _record(entry, TOOL_STARTED)
+        if record is not None:
+            started[record.call_id] = record.idempotency_key
+        if not (isinstance(entry, MessageEntry) and isinstance(entry.message, ToolResultMessage)):
+            continue
+        result = entry.message
+        details = result.details if isinstance(result.details, dict) else {}
+        # "Outcome unknown" from continue_run, or a started call the run's
+        # own abort answered before the tool could report.
+        unknown = details.get("outcome") == "unknown" or (
+            result.synthesized is not None and result.tool_call_id in started)
+        if unknown:
+            key = str(details.get("idempotency_key") or started.get(result.tool_call_id, ""))
+            call = ToolCall(id=result.tool_call_id, name=result.tool_name)
+            out.append(CallState(call, "answered", key, True, index.started.get(key, 0)))
     return out
 
 
