@@ -449,3 +449,17 @@ async def test_s21_a_started_call_the_run_aborted_is_listed_in_doubt(stores: Sto
     assert result.synthesized == "aborted"
     (doubt,) = agent.in_doubt()
     assert doubt.call.id == "s1" and doubt.attempts == 1 and len(doubt.idempotency_key) == 32
+
+
+async def test_s23_a_fork_keeps_decisions_and_keys(stores: Stores, tmp_path: Path) -> None:
+    counter = Counter(tmp_path / "effects.db")
+    refund = refund_tool(counter)
+    a = await durable.open(durable.model(refund_script(), [refund]), store=stores.open(),
+                           session_id="src")
+    await a.run("refund both").collect()
+    await a.approve("big")
+    keys = {s.call.id: s.idempotency_key for s in a.tool_calls()}
+    child = await a.fork("copy")
+    states = {s.call.id: s for s in child.tool_calls()}
+    assert states["big"].status == "never_started"  # approved, not awaiting again
+    assert states["small"].idempotency_key == keys["small"]

@@ -199,6 +199,15 @@ class _Turn:
                 out.update(plan.calls)
         return out
 
+    def keys(self) -> dict[str, str]:
+        """Call id -> the key its started records carry (a fork keeps them)."""
+        out: dict[str, str] = {}
+        for entry in self.after:
+            started = _record(entry, TOOL_STARTED)
+            if started is not None:
+                out.setdefault(started.call_id, started.idempotency_key)
+        return out
+
     def requests(self) -> dict[str, CustomEntry[Any]]:
         out: dict[str, CustomEntry[Any]] = {}
         for entry in self.after:
@@ -255,11 +264,17 @@ def _states(session_id: str, turn: _Turn, index: _Index) -> list[CallState]:
     results = turn.results()
     tracked = turn.tracked()
     requests = turn.requests()
+    keys = turn.keys()
     out: list[CallState] = []
     for call in turn.message.tool_calls:
-        key = idempotency_key(turn.assistant.origin_id or turn.assistant.id, call.id)
+        key = keys.get(call.id) or idempotency_key(
+            turn.assistant.origin_id or turn.assistant.id, call.id)
         request = requests.get(call.id)
-        decision = index.decisions.get(request.id) if request is not None else None
+        decision = None
+        if request is not None:
+            # A fork's copy of a decision still names the request it copied.
+            decision = index.decisions.get(request.id) or (
+                index.decisions.get(request.origin_id) if request.origin_id else None)
         attempts = index.started.get(key, 0)
         status: Status
         if call.id in results:
@@ -282,7 +297,13 @@ def call_states(agent: DurableAgent) -> list[CallState]:
     turn = _tip(agent.tree)
     if turn is None or turn.message.stop_reason in ("error", "aborted"):
         return []
-    return _states(agent.session_id, turn, _Index(agent.tree))
+    return _states(agent.session_id, turn, _index_for(agent.tree, turn))
+
+
+def _index_for(tree: TreeIndex, turn: _Turn) -> _Index:
+    # Reading every branch costs a pass over the session; a turn the ledger
+    # does not track (the common case) needs none of it.
+    return _Index(tree) if turn.tracked() or turn.requests() else _Index(())
 
 
 def held_calls(path: Sequence[Entry]) -> set[str]:
@@ -450,7 +471,7 @@ class Ledger:
         self._agent = agent
         self._tools = tools
         self._rule = rule
-        self._index = _Index(agent.tree)
+        self._index: _Index | None = None
         self._notices: list[RunEvent] = []
         self._lock = asyncio.Lock()
 
@@ -518,7 +539,9 @@ class Ledger:
         turn = _tip(self._agent.tree)
         if turn is None:
             return None
-        for state in _states(self._agent.session_id, turn, self._index):
+        if self._index is None and (turn.tracked() or turn.requests()):
+            self._index = _Index(self._agent.tree)
+        for state in _states(self._agent.session_id, turn, self._index or _Index(())):
             if state.call.id == call.id:
                 return state
         return None
@@ -587,8 +610,9 @@ class Ledger:
             # so the ledger's appends are the only ones in flight.
             async with self._lock:
                 written = await self._agent._append([record])
-            for entry in written:
-                self._index.add(entry)
+            if self._index is not None:
+                for entry in written:
+                    self._index.add(entry)
         return ToolContext(call_id=call.id, tool_name=call.name,
                            idempotency_key=state.idempotency_key, session_id=sid,
                            attempt=attempt)
