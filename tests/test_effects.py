@@ -152,6 +152,37 @@ async def test_s19_started_record_is_durable_before_the_effect_with_a_stable_key
     assert_valid_for_providers(lm.requests[-1].messages)
 
 
+async def test_s19_one_extra_durable_append_per_tracked_call(stores: Stores) -> None:
+    class Counting:
+        def __init__(self, inner: Store) -> None:
+            self.inner, self.appends = inner, 0
+
+        async def create_session(self, record: Any) -> None:
+            await self.inner.create_session(record)
+
+        async def load_entries(self, sid: str) -> list[Entry]:
+            return await self.inner.load_entries(sid)
+
+        async def append_entries(self, sid: str, entries: Sequence[Entry]) -> None:
+            self.appends += 1
+            await self.inner.append_entries(sid, entries)
+
+    async def appends(side_effects: bool, sid: str) -> int:
+        @tool(name="step", side_effects=side_effects)
+        def step(n: int) -> str:
+            """Step."""
+            return str(n)
+
+        lm = ScriptedModel([Turn(Call("step", {"n": 1}), Call("step", {"n": 2})),
+                            Turn(Call("step", {"n": 3})), Turn.text("done")])
+        counting = Counting(stores.open())
+        agent = await durable.open(durable.model(lm, [step]), store=counting, session_id=sid)
+        await agent.run("go").collect()
+        return counting.appends
+
+    assert await appends(True, "tracked") == await appends(False, "plain") + 3
+
+
 # -- S20 -------------------------------------------------------------------------
 
 
