@@ -87,7 +87,8 @@ async def open(
 
     With no ``session_id`` a new one is generated (``agent.session_id``).
     Tool calls on the active path left without results by a crash get
-    synthesized "interrupted" results appended (S12) unless ``repair=False``.
+    synthesized "interrupted" results appended (S12) unless ``repair=False``;
+    calls the effect ledger tracks are left for ``continue_run`` (S20).
     With ``compaction``, each run first compacts the session when its context
     is over the policy's threshold. ``approval(call)`` returning true or a
     reason holds that call for a human decision (on top of each tool's own
