@@ -494,3 +494,34 @@ async def test_s23_a_fork_keeps_decisions_and_keys(stores: Stores, tmp_path: Pat
     states = {s.call.id: s for s in child.tool_calls()}
     assert states["big"].status == "never_started"  # approved, not awaiting again
     assert states["small"].idempotency_key == keys["small"]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_s19_a_failed_started_append_ends_the_run_before_the_effect(
+    stores: Stores, tmp_path: Path, when: str
+) -> None:
+    from threadline.errors import StoreError
+    from threadline.testing import FaultyStore
+
+    counter = Counter(tmp_path / "effects.db")
+    pay = pay_tool(counter, replay="never", reconcile=True)
+    lm = ScriptedModel([Turn(Call("pay", {"order": "x"}, id="p"))])
+    # Appends: the input, the assistant message with its plan, the started record.
+    faulty = FaultyStore(stores.open(), fail_append_on=3, when=when)  # type: ignore[arg-type]
+    agent = await durable.open(durable.model(lm, [pay]), store=faulty, session_id="f19")
+    with pytest.raises(StoreError, match="injected"):
+        await agent.run("pay").collect()
+    assert counter.table() == {}  # the tool never ran
+    lm2 = ScriptedModel([Turn.text("paid")])
+    again = await durable.open(durable.model(lm2, [pay]), store=stores.open(),
+                               session_id="f19")
+    # "after": the record is stored although the append reported a failure
+    # (a connection lost after COMMIT), so the call is in doubt; reconcile
+    # finds no effect and it runs. "before": it never started. Once, either way.
+    (state,) = again.tool_calls()
+    assert state.status == ("in_doubt" if when == "after" else "never_started")
+    events = await again.continue_run().collect()
+    assert [e.outcome for e in events if isinstance(e, ToolCallInDoubt)] == (
+        ["not_happened"] if when == "after" else [])
+    assert [a for _, a in counter.table().values()] == [1]
+    assert assert_one_result_each(again.path())["p"].text.startswith("paid x")
