@@ -525,3 +525,32 @@ async def test_s19_a_failed_started_append_ends_the_run_before_the_effect(
         ["not_happened"] if when == "after" else [])
     assert [a for _, a in counter.table().values()] == [1]
     assert assert_one_result_each(again.path())["p"].text.startswith("paid x")
+
+
+async def test_s24_a_decision_racing_the_run_that_acts_on_it_waits_and_is_refused(
+    stores: Stores,
+) -> None:
+    release = asyncio.Event()
+    running = asyncio.Event()
+
+    @tool(side_effects=True, approval=True)
+    async def wire(amount: int) -> str:
+        """Wire money."""
+        running.set()
+        await release.wait()
+        return f"wired {amount}"
+
+    lm = ScriptedModel([Turn(Call("wire", {"amount": 7}, id="w")), Turn.text("done")])
+    agent = await durable.open(durable.model(lm, [wire]), store=stores.open(), session_id="race")
+    await agent.run("wire it").collect()
+    await agent.approve("w")
+    run = asyncio.create_task(agent.continue_run().collect())
+    await running.wait()
+    late = asyncio.create_task(agent.deny("w", "too late"))
+    await asyncio.sleep(0)
+    assert not late.done()  # it waits for the run holding the session
+    release.set()
+    await run
+    with pytest.raises(ApprovalError, match="already approved"):
+        await late
+    assert assert_one_result_each(agent.path())["w"].text == "wired 7"

@@ -424,10 +424,7 @@ async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: s
     states = [s for s in call_states(agent) if s.call.id == call_id]
     sid = agent.session_id
     if not states or states[0].request is None:
-        raise ApprovalError(
-            f"session {sid!r}: call {call_id!r} has no approval request at the leaf "
-            "(see pending_approvals())"
-        )
+        raise ApprovalError(f"session {sid!r}: call {call_id!r} {_why_not_pending(agent, call_id)}")
     state = states[0]
     request = state.request
     assert request is not None
@@ -451,6 +448,19 @@ async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: s
             winner,
         )
     return mine
+
+
+def _why_not_pending(agent: DurableAgent, call_id: str) -> str:
+    """Why a call outside the turn at the leaf cannot be decided, for the error."""
+    request = next((e for e in reversed(agent.path())
+                    if (r := _record(e, APPROVAL_REQUESTED)) is not None
+                    and r.call_id == call_id), None)
+    if request is None:
+        return "has no approval request at the leaf (see pending_approvals())"
+    decision = _Index(agent.tree).decisions.get(request.id)
+    settled = f"was already {_verdict(decision)} (entry {decision.id})" if decision else \
+        "was answered without a decision"
+    return f"{settled}, and the conversation has moved on"
 
 
 def _verdict(decision: CustomEntry[Any]) -> str:
