@@ -15,6 +15,15 @@ and, in the same run, a floor for the file store: the run's 200 encoded
 entries written one line at a time to a fresh file, each ``os.write`` followed
 by ``os.fdatasync`` (what any durable per-message log must pay at least).
 
+The effect ledger (``docs/tools-with-side-effects.md``): the same run with the
+tool declared ``side_effects=True`` on the fsync file store, so each of the 99
+calls also gets its durable "started" record before it runs. Each started
+record's append is timed inside the run, and right before it the same line is
+written to a separate file with one ``os.write`` + ``os.fdatasync``: the pair
+sees the same disk at the same moment, so the ratio holds even when the
+disk's sync latency swings. The promise is one durable append per tool call
+and nothing more, so the ratio should be close to 1.
+
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
 bare + floor. Repetitions are interleaved so load from other jobs hits every
@@ -40,13 +49,20 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from threadline import durable
 from threadline.agent import AgentLoop
 from threadline.ai import ToolResult, UserMessage, tool
-from threadline.session import FileStore, MemoryStore, encode_entry
+from threadline.session import (
+    CustomEntry,
+    Entry,
+    FileStore,
+    MemoryStore,
+    SessionRecord,
+    encode_entry,
+)
 from threadline.session._store import Store
 from threadline.testing import Call, ScriptedModel, Text, Turn
 
@@ -61,9 +77,15 @@ async def lookup(step: int) -> ToolResult:
     return ToolResult.text(f"result of step {step}: " + "x" * 120)
 
 
-def script() -> list[Turn]:
+@tool(side_effects=True)
+async def charge(step: int) -> ToolResult:
+    """Charge something (declared as having side effects, so its calls are tracked)."""
+    return ToolResult.text(f"result of step {step}: " + "x" * 120)
+
+
+def script(name: str = "lookup") -> list[Turn]:
     turns = [
-        Turn(Text(f"Step {i}: ", "I will look this up."), Call("lookup", {"step": i}))
+        Turn(Text(f"Step {i}: ", "I will look this up."), Call(name, {"step": i}))
         for i in range(TURNS_WITH_TOOLS)
     ]
     turns.append(Turn.text("All ", "steps ", "done."))
@@ -72,6 +94,15 @@ def script() -> list[Turn]:
 
 def make_loop() -> AgentLoop:
     return AgentLoop(ScriptedModel(script()), [lookup], max_turns=None)
+
+
+def make_tracked_loop() -> AgentLoop:
+    return AgentLoop(ScriptedModel(script("charge")), [charge], max_turns=None)
+
+
+# Per tool call the tracked run stores a plan (in the assistant's own append)
+# and a started record (one more append).
+TRACKED_ENTRIES = MESSAGES + 2 * TURNS_WITH_TOOLS
 
 
 INPUT = UserMessage.of("Do the 99 steps, please.")
@@ -85,13 +116,56 @@ async def bare() -> float:
     return time.perf_counter() - t
 
 
-async def run_durable(store: Store) -> tuple[float, int]:
-    agent = await durable.open(make_loop, store=store)
+async def run_durable(store: Store, factory: Callable[[], AgentLoop] = make_loop
+                      ) -> tuple[float, int]:
+    agent = await durable.open(factory, store=store)
     t = time.perf_counter()
     async for _ in agent.run(INPUT):
         pass
     elapsed = time.perf_counter() - t
     return elapsed, len(agent.entries)
+
+
+class PairedStarted:
+    """A store wrapper timing each started-record append against a bare write+fdatasync."""
+
+    def __init__(self, inner: FileStore, floor_path: Path) -> None:
+        self.inner = inner
+        self.fd = os.open(floor_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.pairs: list[tuple[float, float]] = []  # (append, floor) seconds
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await self.inner.create_session(record)
+
+    async def load_entries(self, session_id: str) -> list[Entry]:
+        return await self.inner.load_entries(session_id)
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        started = len(entries) == 1 and isinstance(entries[0], CustomEntry) and \
+            entries[0].kind == "threadline.tool_started"
+        if not started:
+            await self.inner.append_entries(session_id, entries)
+            return
+        line = encode_entry(entries[0]) + b"\n"
+        # Alternate which of the pair goes first, so neither gains from the order.
+        first_floor = len(self.pairs) % 2 == 0
+        if first_floor:
+            floor_s = self._floor(line)
+        t0 = time.perf_counter()
+        await self.inner.append_entries(session_id, entries)
+        append_s = time.perf_counter() - t0
+        if not first_floor:
+            floor_s = self._floor(line)
+        self.pairs.append((append_s, floor_s))
+
+    def _floor(self, line: bytes) -> float:
+        t0 = time.perf_counter()
+        os.write(self.fd, line)
+        os.fdatasync(self.fd)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def floor(lines: list[bytes], path: Path) -> float:
@@ -117,9 +191,10 @@ async def main() -> None:
     await sample.run(INPUT).collect()
     assert len(sample.entries) == MESSAGES, len(sample.entries)
     lines = [encode_entry(e) + b"\n" for e in sample.entries]
-
     times: dict[str, list[float]] = {k: [] for k in (
-        "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync")}
+        "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync",
+        "durable_file_fsync_tracked")}
+    paired_started: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(prefix="threadline-bench-") as tmp:
         root = Path(tmp)
         variants: list[tuple[str, Callable[[], Awaitable[float]]]] = [
@@ -129,6 +204,17 @@ async def main() -> None:
              lambda: _timed(run_durable(FileStore(root / "flush", durability="flush")))),
             ("durable_file_fsync", lambda: _timed(run_durable(FileStore(root / "fsync")))),
         ]
+
+        async def tracked() -> float:
+            store = PairedStarted(FileStore(root / "tracked"), root / "started-floor.jsonl")
+            try:
+                return await _timed(run_durable(store, make_tracked_loop), TRACKED_ENTRIES)
+            finally:
+                store.close()
+                assert len(store.pairs) == TURNS_WITH_TOOLS, len(store.pairs)
+                paired_started.extend(store.pairs)
+
+        variants.append(("durable_file_fsync_tracked", tracked))
         await bare()  # warm up imports and caches
         for _ in range(reps):
             for name, fn in variants:
@@ -155,23 +241,33 @@ async def main() -> None:
         "durable_file_fsync / (bare + floor)":
             paired("durable_file_fsync", "bare", "floor_fsync"),
     }
+    appends = [a for a, _ in paired_started]
+    floors = [f for _, f in paired_started]
+    started_key = "started record append / one write+fdatasync"
+    ratios[started_key] = sum(appends) / sum(floors)
+    paired_ratios[started_key] = statistics.median(a / f for a, f in paired_started)
     overhead_us = {
         "durable_memory - bare": (best["durable_memory"] - best["bare"]) / MESSAGES * 1e6,
         "durable_file_fsync - (bare + floor)": (
             best["durable_file_fsync"] - best["bare"] - best["floor_fsync"]
         ) / MESSAGES * 1e6,
+        "started record append (median)": statistics.median(appends) * 1e6,
+        "one write+fdatasync of its line (median)": statistics.median(floors) * 1e6,
     }
 
     print(f"{MESSAGES} messages ({TURNS_WITH_TOOLS} tool calls), best of {reps}")
-    print(f"{'variant':<22} {'ms':>9} {'µs/message':>11}")
+    print(f"{'variant':<28} {'ms':>9} {'µs/message':>11}")
     for name in times:
-        print(f"{name:<22} {best[name] * 1e3:>9.2f} {per_msg_us[name]:>11.1f}")
+        print(f"{name:<28} {best[name] * 1e3:>9.2f} {per_msg_us[name]:>11.1f}")
     print()
-    print(f"{'ratio':<38} {'best':>7} {'median':>7}")
+    print(f"\n{len(paired_started)} started records, each paired with a write+fdatasync "
+          "of its line")
+    print(f"{'ratio':<48} {'best/sum':>8} {'median':>7}")
     for name, value in ratios.items():
-        print(f"{name:<38} {value:>6.2f}x {paired_ratios[name]:>6.2f}x")
+        print(f"{name:<48} {value:>7.2f}x {paired_ratios[name]:>6.2f}x")
     for name, value in overhead_us.items():
-        print(f"{name:<38} {value:>6.1f} µs/message")
+        unit = "µs/message" if name.startswith("durable") else "µs/call"
+        print(f"{name:<48} {value:>6.1f} {unit}")
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
@@ -190,9 +286,9 @@ async def main() -> None:
     print(f"\nwrote {RESULTS}")
 
 
-async def _timed(run: Awaitable[tuple[float, int]]) -> float:
+async def _timed(run: Awaitable[tuple[float, int]], expected: int = MESSAGES) -> float:
     elapsed, entries = await run
-    assert entries == MESSAGES, entries
+    assert entries == expected, entries
     return elapsed
 
 

@@ -34,11 +34,13 @@ from typing import Any
 
 __all__ = [
     "AgentError",
+    "ApprovalError",
     "AuthenticationError",
     "ConfigError",
     "ContextOverflowError",
     "CopyConflict",
     "CorruptLog",
+    "DecisionConflict",
     "DurabilityError",
     "EntryNotFound",
     "InvalidSessionId",
@@ -196,3 +198,18 @@ class EntryNotFound(AgentError):
 
 class SubprocessError(AgentError):
     pass
+
+
+class ApprovalError(AgentError):
+    """A decision for a call that is not awaiting one (already decided, answered, unknown)."""
+
+
+class DecisionConflict(ApprovalError):
+    """Another decision for the same call was stored first; this one is recorded but inert.
+
+    ``winner`` is the decision that counts.
+    """
+
+    def __init__(self, message: str, winner: object = None) -> None:
+        super().__init__(message)
+        self.winner = winner

@@ -19,6 +19,7 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
+from threadline.agent._gate import Pause, ResumeTurn, ToolGate
 from threadline.agent._loop import AfterToolCall, AgentLoop, BeforeToolCall, Deny
 
 __all__ = [
@@ -33,9 +34,12 @@ __all__ = [
     "MessageEnd",
     "MessageStart",
     "MessageUpdate",
+    "Pause",
+    "ResumeTurn",
     "ToolExecutionEnd",
     "ToolExecutionStart",
     "ToolExecutionUpdate",
+    "ToolGate",
     "TurnEnd",
     "TurnStart",
 ]

@@ -17,8 +17,10 @@ Order of one run (invariants, tested)::
 
 When tools run in parallel, the per-call ``ToolExecution*`` sequences
 interleave: starts come in call order, updates and ends as the tools progress.
-A call that never ran (aborted first) has a result message but no execution
-events. Each assistant message's tool calls get exactly one result each.
+A call that never ran (aborted first, or answered by a ``ToolGate``) has a
+result message but no execution events. Each assistant message's tool calls
+get exactly one result each, except calls a gate held for approval: those get
+none, and ``AgentEnd.awaiting_approval`` names them.
 """
 
 from __future__ import annotations
@@ -121,6 +123,14 @@ class AgentEnd(_Event, frozen=True, tag="agent_end"):
     error: BaseException | None = None
     """Set when the run stopped on a model error or was cancelled. On a JSON
     wire it is the error's text."""
+    awaiting_approval: tuple[str, ...] = ()
+    """Ids of calls held for a human decision; the run stopped after their turn."""
+
+    @property
+    def stop_reason(self) -> Literal["done", "error", "awaiting_approval"]:
+        if self.error is not None:
+            return "error"
+        return "awaiting_approval" if self.awaiting_approval else "done"
 
 
 PassedThrough: TypeAlias = (

@@ -62,6 +62,7 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
+from threadline.agent._gate import Pause, ResumeTurn, ToolGate
 from threadline.ai._messages import (
     AssistantMessage,
     Message,
@@ -79,7 +80,7 @@ from threadline.ai._model import (
     Request,
     StreamOptions,
 )
-from threadline.ai._tools import Tool, ToolResult
+from threadline.ai._tools import Tool, ToolContext, ToolResult
 from threadline.errors import AgentError, ConfigError, ModelError, ToolError
 
 __all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny"]
@@ -152,11 +153,22 @@ class AgentLoop:
         input: Sequence[Message],
         *,
         abort: asyncio.Event | None = None,
+        gate: ToolGate | None = None,
+        resume: ResumeTurn | None = None,
     ) -> AsyncIterator[AgentEvent]:
-        return self._run(context, input, abort or self.options.abort)
+        """Run turns from ``context`` + ``input``.
+
+        ``gate`` watches every tool call (the durable effect ledger). With
+        ``resume`` the first turn is that stored turn's tool phase: no model
+        call and no events for the assistant message, results only for its
+        open calls. A call the gate pauses gets no result; the run ends after
+        that turn with ``AgentEnd.awaiting_approval`` naming it.
+        """
+        return self._run(context, input, abort or self.options.abort, gate, resume)
 
     async def _run(
-        self, context: Sequence[Message], input: Sequence[Message], abort: asyncio.Event | None
+        self, context: Sequence[Message], input: Sequence[Message], abort: asyncio.Event | None,
+        gate: ToolGate | None, resume: ResumeTurn | None,
     ) -> AsyncIterator[AgentEvent]:
         options = self.options
         if options.abort is not abort:
@@ -172,60 +184,70 @@ class AgentLoop:
             yield MessageStart(message)
             yield MessageEnd(message)
         turn = 0
+        paused: list[str] = []
         while True:
             if abort is not None and abort.is_set():
                 error = asyncio.CancelledError("run aborted")
                 break
             turn += 1
             yield TurnStart(turn)
-            yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
             final: AssistantMessage | None = None
-            if abort is not None and abort.is_set():  # set while TurnStart was reported
-                final = AssistantMessage(
-                    model=info.id, provider=info.provider, stop_reason="aborted",
-                    error_message="aborted",
-                )
-                error = asyncio.CancelledError("run aborted")
+            if resume is not None:
+                final, calls = resume.message, tuple(resume.calls)
+                resume = None
             else:
-                request = Request(tuple(history), self.system, self._specs)
-                stream = self.model.stream(request, options)
-                try:
-                    async for event in stream:
-                        if isinstance(event, _FINAL):
-                            final = event.message
-                            if isinstance(event, ErrorEvent):
-                                error = _stream_error(event, info)
-                            break
-                        yield MessageUpdate(event)
-                except Exception as exc:  # a model that breaks the protocol and raises
-                    error = exc
-                    final = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
-                finally:
-                    close = getattr(stream, "aclose", None)
-                    if close is not None:
-                        await close()
-                if final is None:
-                    text = "model stream ended without a final event"
-                    error = ModelError(text, provider=info.provider, model=info.id)
-                    final = _failed(info.id, info.provider, text)
-            history.append(final)
-            produced.append(final)
-            yield MessageEnd(final)
-
-            calls = final.tool_calls
+                yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
+                if abort is not None and abort.is_set():  # set while TurnStart was reported
+                    final = AssistantMessage(
+                        model=info.id, provider=info.provider, stop_reason="aborted",
+                        error_message="aborted",
+                    )
+                    error = asyncio.CancelledError("run aborted")
+                else:
+                    request = Request(tuple(history), self.system, self._specs)
+                    stream = self.model.stream(request, options)
+                    try:
+                        async for event in stream:
+                            if isinstance(event, _FINAL):
+                                final = event.message
+                                if isinstance(event, ErrorEvent):
+                                    error = _stream_error(event, info)
+                                break
+                            yield MessageUpdate(event)
+                    except Exception as exc:  # a model that breaks the protocol and raises
+                        error = exc
+                        final = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
+                    finally:
+                        close = getattr(stream, "aclose", None)
+                        if close is not None:
+                            await close()
+                    if final is None:
+                        text = "model stream ended without a final event"
+                        error = ModelError(text, provider=info.provider, model=info.id)
+                        final = _failed(info.id, info.provider, text)
+                history.append(final)
+                produced.append(final)
+                yield MessageEnd(final)
+                calls = final.tool_calls
             results: list[ToolResultMessage | None] = [None] * len(calls)
+            held: set[int] = set()
             if calls and error is None and not (abort is not None and abort.is_set()):
-                async with aclosing(self._run_tools(calls, abort, results)) as tool_events:
+                tool_run = self._run_tools(calls, abort, results, gate, held)
+                async with aclosing(tool_run) as tool_events:
                     async for tool_event in tool_events:
                         yield tool_event
-            done = tuple(r or _aborted(c) for r, c in zip(results, calls, strict=True))
+            done = tuple(
+                r or _aborted(c) for i, (r, c) in enumerate(zip(results, calls, strict=True))
+                if i not in held
+            )
+            paused.extend(calls[i].id for i in sorted(held))
             for result in done:
                 history.append(result)
                 produced.append(result)
                 yield MessageStart(result)
                 yield MessageEnd(result)
             yield TurnEnd(turn, final, done)
-            if error is not None or not calls:
+            if error is not None or not calls or paused:
                 break
             if self.max_turns is not None and turn >= self.max_turns and not (
                 abort is not None and abort.is_set()
@@ -234,15 +256,33 @@ class AgentLoop:
                     f"stopped after max_turns={self.max_turns}: the model still asked for tools"
                 )
                 break
-        yield AgentEnd(tuple(produced), error)
+        yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
 
     async def _run_tools(
         self,
         calls: Sequence[ToolCall],
         abort: asyncio.Event | None,
         results: list[ToolResultMessage | None],
+        gate: ToolGate | None = None,
+        held: set[int] | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
-        """Execute ``calls``, filling ``results``; a call left at None was aborted."""
+        """Execute ``calls``, filling ``results``; a call left at None was aborted.
+
+        Calls the gate answers get their result without execution events;
+        calls it pauses are added to ``held`` and left at None.
+        """
+        admitted = [True] * len(calls)
+        if gate is not None:
+            for i, call in enumerate(calls):
+                verdict = await self._admit(gate, call)
+                if verdict is None:
+                    continue
+                admitted[i] = False
+                if isinstance(verdict, Pause):
+                    if held is not None:
+                        held.add(i)
+                else:
+                    results[i] = verdict
         # Tool tasks report through one queue: an update, the index of a call that
         # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
         # a TaskGroup would cancel the consumer's task, which runs this generator.
@@ -260,12 +300,19 @@ class AgentLoop:
                     and (self.parallel_tools or launched == finished)
                     and not (abort is not None and abort.is_set())
                 ):
+                    if not admitted[launched]:
+                        launched += 1
+                        finished += 1
+                        continue
                     call = calls[launched]
                     yield ToolExecutionStart(call.id, call.name, call.arguments)
                     tasks[launched] = asyncio.create_task(
-                        self._tool_task(launched, call, queue), name=f"tool {call.name} {call.id}"
+                        self._tool_task(launched, call, queue, gate),
+                        name=f"tool {call.name} {call.id}",
                     )
                     launched += 1
+                if finished == len(calls):
+                    break
                 item = await queue.get()
                 if item is None:
                     break
@@ -292,8 +339,27 @@ class AgentLoop:
             results[index] = ended
             yield ToolExecutionEnd(ended.tool_call_id, ended.tool_name, ended)
 
+    async def _admit(
+        self, gate: ToolGate, call: ToolCall
+    ) -> ToolResultMessage | Pause | None:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return None  # answered as unknown by _execute
+        try:
+            kwargs = tool.validate(call.arguments)
+        except msgspec.ValidationError:
+            return None
+        verdict = await gate.admit(call, tool, kwargs)
+        if isinstance(verdict, ToolResult):
+            return ToolResultMessage(
+                tool_call_id=call.id, tool_name=call.name, content=verdict.content,
+                is_error=verdict.is_error, details=verdict.details,
+            )
+        return verdict
+
     async def _tool_task(
-        self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None]
+        self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None],
+        gate: ToolGate | None = None,
     ) -> ToolResultMessage:
         running = True
 
@@ -302,12 +368,14 @@ class AgentLoop:
                 queue.put_nowait(ToolExecutionUpdate(call.id, call.name, update))
 
         try:
-            return await self._execute(call, progress)
+            return await self._execute(call, progress, gate)
         finally:
             running = False
             queue.put_nowait(index)
 
-    async def _execute(self, call: ToolCall, progress: Callable[[Any], None]) -> ToolResultMessage:
+    async def _execute(
+        self, call: ToolCall, progress: Callable[[Any], None], gate: ToolGate | None = None
+    ) -> ToolResultMessage:
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
@@ -323,8 +391,11 @@ class AgentLoop:
                 return _error(call, f"before_tool_call failed for {call.name!r}: {_describe(exc)}")
             if isinstance(verdict, Deny):
                 return _error(call, f"Tool call denied: {verdict.reason}")
+        # The gate's own failure (a store write) is not the tool's: it ends the run.
+        context = (await gate.begin(call, tool) if gate is not None
+                   else ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id))
         try:
-            result = await tool.execute(kwargs, progress)
+            result = await tool.execute(kwargs, progress, context)
         except Exception as exc:
             result = ToolResult.error(f"Tool {call.name!r} failed: {_describe(exc)}")
         if self.after_tool_call is not None:

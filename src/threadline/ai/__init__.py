@@ -38,7 +38,7 @@ from threadline.ai._model import (
     ToolSpec,
 )
 from threadline.ai._registry import get_model
-from threadline.ai._tools import Progress, Tool, ToolResult, tool
+from threadline.ai._tools import Progress, Tool, ToolContext, ToolResult, tool
 
 __all__ = [
     "AssistantContent",
@@ -69,6 +69,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallEnd",
     "ToolCallStart",
+    "ToolContext",
     "ToolResult",
     "ToolResultMessage",
     "ToolSpec",

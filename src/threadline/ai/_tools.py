@@ -40,7 +40,7 @@ import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeAlias, overload
+from typing import Annotated, Any, Literal, TypeAlias, overload
 
 import msgspec
 
@@ -48,10 +48,33 @@ from threadline.ai._messages import ImagePart, TextPart, UserContent
 from threadline.ai._model import ToolSpec
 from threadline.errors import ToolError
 
-__all__ = ["Progress", "Tool", "ToolResult", "tool"]
+__all__ = ["ApprovalRule", "Progress", "Replay", "Tool", "ToolContext", "ToolResult", "tool"]
 
 Progress: TypeAlias = Callable[[Any], None]
 """Callback a tool calls to report progress; the value reaches the application."""
+
+Replay: TypeAlias = Literal["safe", "never"]
+"""Whether a call that may have run is run again after a crash."""
+
+ApprovalRule: TypeAlias = Callable[[dict[str, Any]], Any]
+"""Given a call's validated arguments: true or a reason string to require approval."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool may know about the call it serves.
+
+    A tool receives it by declaring a parameter annotated ``ToolContext``.
+    ``idempotency_key`` is the same for this call in every attempt, in every
+    process: pass it to an API that deduplicates, or check it in your own
+    database. ``attempt`` counts executions of this call (1 the first time).
+    """
+
+    call_id: str
+    tool_name: str
+    idempotency_key: str
+    session_id: str | None = None
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +123,10 @@ class Tool:
     ``Tool.from_function`` to derive the schema from the function.
     """
 
-    __slots__ = ("_args_type", "_wants_progress", "description", "fn", "name", "parameters")
+    __slots__ = (
+        "_args_type", "_context_param", "_wants_progress", "approval", "description", "fn",
+        "name", "parameters", "reconcile", "replay", "side_effects",
+    )
 
     def __init__(
         self,
@@ -108,6 +134,11 @@ class Tool:
         description: str,
         parameters: Mapping[str, Any],
         fn: Callable[..., Any],
+        *,
+        side_effects: bool = False,
+        replay: Replay | None = None,
+        reconcile: Callable[[str], Any] | None = None,
+        approval: bool | ApprovalRule = False,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
             raise ToolError(
@@ -119,12 +150,22 @@ class Tool:
         self.description = description
         self.parameters: dict[str, Any] = dict(parameters)
         self.fn = fn
+        if replay not in (None, "safe", "never"):
+            raise ToolError(f"tool {name!r}: replay must be 'safe' or 'never', got {replay!r}")
+        self.side_effects = side_effects or replay == "never" or reconcile is not None
+        """Calls are tracked by the durable agent's effect ledger."""
+        self.replay: Replay = replay or ("never" if self.side_effects else "safe")
+        self.reconcile = reconcile
+        """``reconcile(key)``: the result if the effect keyed ``key`` happened, else None."""
+        self.approval = approval
         self._args_type: type[msgspec.Struct] | None = None
         self._wants_progress = "progress" in _param_names(fn)
+        self._context_param = _context_param(fn)
 
     @classmethod
     def from_function(
-        cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+        cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+        **policy: Any,
     ) -> Tool:
         """Derive name, description and schema from ``fn``'s signature and docstring."""
         tool_name = name or fn.__name__
@@ -135,7 +176,7 @@ class Tool:
             raise ToolError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
         fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
         for p in inspect.signature(fn).parameters.values():
-            if p.name == "progress":
+            if p.name == "progress" or hints.get(p.name) is ToolContext:
                 continue
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
                 raise ToolError(
@@ -157,7 +198,8 @@ class Tool:
         params.pop("title", None)
         if defs:
             params["$defs"] = defs
-        made = cls(tool_name, description if description is not None else summary, params, fn)
+        made = cls(tool_name, description if description is not None else summary, params, fn,
+                   **policy)
         made._args_type = args_type
         return made
 
@@ -179,12 +221,17 @@ class Tool:
         return {f: getattr(args, f) for f in args.__struct_fields__}
 
     async def execute(
-        self, arguments: Mapping[str, Any], progress: Progress | None = None
+        self, arguments: Mapping[str, Any], progress: Progress | None = None,
+        context: ToolContext | None = None,
     ) -> ToolResult:
         """Call ``fn`` with already validated keyword arguments; its exceptions propagate."""
         kwargs = dict(arguments)
         if self._wants_progress:
             kwargs["progress"] = progress or _ignore
+        if self._context_param is not None:
+            kwargs[self._context_param] = context or ToolContext(
+                call_id="", tool_name=self.name, idempotency_key=""
+            )
         out = self.fn(**kwargs)
         if inspect.isawaitable(out):
             out = await out
@@ -225,6 +272,10 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parameters: Mapping[str, Any] | None = None,
+    side_effects: bool = False,
+    replay: Replay | None = None,
+    reconcile: Callable[[str], Any] | None = None,
+    approval: bool | ApprovalRule = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -235,26 +286,41 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parameters: Mapping[str, Any] | None = None,
+    side_effects: bool = False,
+    replay: Replay | None = None,
+    reconcile: Callable[[str], Any] | None = None,
+    approval: bool | ApprovalRule = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a ``Tool`` from a function: ``@tool`` or ``@tool(name=..., parameters=...)``.
 
     Without ``parameters`` the schema is derived from the signature; with it,
     the given schema is used as is and the function gets the arguments as
-    keyword arguments.
+    keyword arguments. ``side_effects``, ``replay``, ``reconcile`` and
+    ``approval`` are the durable-execution policy (``docs/tools-with-side-effects.md``).
     """
+    policy: dict[str, Any] = {"side_effects": side_effects, "replay": replay,
+                              "reconcile": reconcile, "approval": approval}
 
     def wrap(f: Callable[..., Any]) -> Tool:
         if parameters is None:
-            return Tool.from_function(f, name=name, description=description)
+            return Tool.from_function(f, name=name, description=description, **policy)
         summary, _ = _parse_docstring(inspect.getdoc(f) or "")
         return Tool(name or f.__name__, summary if description is None else description,
-                    parameters, f)
+                    parameters, f, **policy)
 
     return wrap if fn is None else wrap(fn)
 
 
 def _ignore(_: Any) -> None:
     pass
+
+
+def _context_param(fn: Callable[..., Any]) -> str | None:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return None
+    return next((n for n, h in hints.items() if h is ToolContext and n != "return"), None)
 
 
 def _param_names(fn: Callable[..., Any]) -> Sequence[str]:

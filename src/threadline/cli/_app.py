@@ -83,9 +83,10 @@ class Verb(NamedTuple):
 
 
 def _verbs() -> list[Verb]:
-    from threadline.cli import _chat, _demo, _read, _serve, _write
+    from threadline.cli import _approvals, _chat, _demo, _read, _serve, _write
 
-    return [*_demo.VERBS, *_read.VERBS, *_write.VERBS, *_chat.VERBS, *_serve.VERBS]
+    return [*_demo.VERBS, *_read.VERBS, *_write.VERBS, *_chat.VERBS, *_approvals.VERBS,
+            *_serve.VERBS]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -15,6 +15,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.cli._approvals import describe_record
 from threadline.cli._output import Span, visible
 from threadline.errors import ConfigError, EntryNotFound
 from threadline.session._entries import (
@@ -107,7 +108,7 @@ def describe(entry: Entry, width: int = 70) -> list[Span]:
     if isinstance(entry, CustomMessageEntry):
         return [(f"custom message ({entry.kind}) ", "bold blue")]
     if isinstance(entry, CustomEntry):
-        return [(f"custom ({entry.kind})", "dim")]
+        return describe_record(entry) or [(f"custom ({entry.kind})", "dim")]
     if isinstance(entry, OpaqueEntry):
         return [(f"unknown entry type {entry.type!r}", "dim")]
     return [(type(entry).__name__, "dim")]

@@ -12,7 +12,17 @@ from threadline.durable._compaction import (
     plan_compaction,
     summarize,
 )
+from threadline.durable._effects import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CallState,
+    PendingApproval,
+    ToolPlan,
+    ToolStarted,
+    pending_approvals,
+)
 from threadline.durable._events import (
+    ApprovalRequested,
     LifecycleEvent,
     Publisher,
     PublisherLike,
@@ -23,16 +33,22 @@ from threadline.durable._events import (
     SessionCreated,
     SessionForked,
     StoredMessageEnd,
+    ToolCallInDoubt,
 )
 from threadline.durable._factory import Factory, model
 from threadline.durable._repair import orphaned_results
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalRequested",
+    "CallState",
     "CompactionPlan",
     "CompactionPolicy",
     "DurableAgent",
     "Factory",
     "LifecycleEvent",
+    "PendingApproval",
     "PublishError",
     "Publisher",
     "PublisherLike",
@@ -46,10 +62,14 @@ __all__ = [
     "SessionForked",
     "StoredMessageEnd",
     "TokenEstimate",
+    "ToolCallInDoubt",
+    "ToolPlan",
+    "ToolStarted",
     "estimate_path",
     "model",
     "open",
     "orphaned_results",
+    "pending_approvals",
     "plan_compaction",
     "subprocess",
     "summarize",

@@ -18,8 +18,11 @@ from typing import Any, TypeAlias
 import msgspec
 
 from threadline.agent._events import AgentEvent, MessageEnd
+from threadline.agent._gate import ResumeTurn
+from threadline.agent._loop import AgentLoop
 from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 from threadline.ai._model import LanguageModel
+from threadline.durable import _effects as effects
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable._events import (
     LifecycleEvent,
@@ -79,6 +82,7 @@ async def open(
     repair: bool = True,
     compaction: CompactionPolicy | None = None,
     create: bool = True,
+    approval: effects.ApprovalRule | None = None,
 ) -> DurableAgent:
     """Resume the session ``session_id`` or create it (S2).
 
@@ -86,9 +90,12 @@ async def open(
     With ``create=False`` an unknown ``session_id`` raises ``SessionNotFound``
     instead of being created.
     Tool calls on the active path left without results by a crash get
-    synthesized "interrupted" results appended (S12) unless ``repair=False``.
+    synthesized "interrupted" results appended (S12) unless ``repair=False``;
+    calls the effect ledger tracks are left for ``continue_run`` (S20).
     With ``compaction``, each run first compacts the session when its context
-    is over the policy's threshold.
+    is over the policy's threshold. ``approval(call)`` returning true or a
+    reason holds that call for a human decision (on top of each tool's own
+    ``approval`` rule; ``docs/tools-with-side-effects.md``).
     """
     created = False
     session_id = new_id() if session_id is None else _checked_id(session_id)
@@ -105,7 +112,8 @@ async def open(
             # Another agent created it between our load and our create: resume it.
             entries = await store.load_entries(session_id)
     agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
-                         publisher=publisher, compaction=compaction, _opening=_OPENING)
+                         publisher=publisher, compaction=compaction, approval=approval,
+                         _opening=_OPENING)
     if repair:
         await agent._repair()
     if created:
@@ -125,6 +133,7 @@ class DurableAgent:
         entries: Sequence[Entry] = (),
         publisher: PublisherLike | None = None,
         compaction: CompactionPolicy | None = None,
+        approval: effects.ApprovalRule | None = None,
         _opening: object = None,
     ) -> None:
         if _opening is not _OPENING:
@@ -141,6 +150,7 @@ class DurableAgent:
         self._tree = TreeIndex(entries, session_id=session_id)
         self._publisher = publisher
         self._lock = asyncio.Lock()
+        self._approval = approval
         self._run_task: asyncio.Task[Any] | None = None
         """The task iterating the current run, if one is in progress."""
         self._run_owner: weakref.ref[Run] | None = None
@@ -259,7 +269,8 @@ class DurableAgent:
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
                              entries=copies, publisher=self._publisher,
-                             compaction=self._compaction, _opening=_OPENING)
+                             compaction=self._compaction, approval=self._approval,
+                             _opening=_OPENING)
         self._publish(
             [
                 SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,
@@ -334,14 +345,60 @@ class DurableAgent:
         abandoned run; a later mutation waits for that. If you keep the
         ``Run`` object, close it (``aclose`` or ``async with``) first.
         """
+        factory = self._require_factory()
+        messages = _as_messages(input)
+        return Run(lambda owner: self._run(factory, messages, owner))
+
+    # -- durable tool execution (durable/_effects.py) --------------------------
+
+    def continue_run(self) -> Run:
+        """Continue a run a crash or an approval cut short, in any process (S22).
+
+        Reloads the session first (decisions made elsewhere count), then
+        finishes the turn at the leaf: calls that never started run, in-doubt
+        calls follow their tool's ``replay`` policy, approved calls run, denied
+        ones get a result saying so; then the model's next turn, with receipts
+        as in ``run``. With nothing to continue it yields only ``RunStarted``.
+        """
+        factory = self._require_factory()
+        return Run(lambda owner: self._run(factory, [], owner, resume=True))
+
+    async def approve(self, call_id: str, *, reason: str = "", by: str = "") -> Entry:
+        """Approve a pending call (S23); the first decision in log order counts (S24).
+
+        Raises ``ApprovalError`` if the call is not pending, ``DecisionConflict``
+        if another process decided it first. Continue with ``continue_run()``.
+        """
+        return await self._decide(call_id, approved=True, reason=reason, by=by)
+
+    async def deny(self, call_id: str, reason: str, *, by: str = "") -> Entry:
+        """Deny a pending call; on ``continue_run`` the model is told it did not run, and why."""
+        return await self._decide(call_id, approved=False, reason=reason, by=by)
+
+    def pending_approvals(self) -> list[effects.PendingApproval]:
+        """Calls at the leaf awaiting a decision (as loaded; ``approve`` reloads)."""
+        return effects.pending(self)
+
+    def in_doubt(self) -> list[effects.CallState]:
+        """Calls on the active path that started and may or may not have had their effect."""
+        return effects.in_doubt(self)
+
+    def tool_calls(self) -> list[effects.CallState]:
+        """The calls of the turn at the leaf, classified (never started, in doubt, ...)."""
+        return effects.call_states(self)
+
+    async def _decide(self, call_id: str, *, approved: bool, reason: str, by: str) -> Entry:
+        self._check_not_inside_run("decide on")
+        async with self._lock:
+            return await effects.decide(self, call_id, approved=approved, reason=reason, by=by)
+
+    def _require_factory(self) -> Factory:
         if self._factory is None:
             raise NoLoopError(
                 f"session {self._session_id!r} was opened without a factory, so it has no "
                 "agent loop to run; pass durable.model(...) or another factory to open()"
             )
-        messages = _as_messages(input)
-        factory = self._factory
-        return Run(lambda owner: self._run(factory, messages, owner))
+        return self._factory
 
     # -- internals -------------------------------------------------------------
 
@@ -393,7 +450,9 @@ class DurableAgent:
             self._tree.add(entry)
 
     async def _repair(self) -> None:
-        results = orphaned_results(self._tree.path())
+        path = self._tree.path()
+        held = effects.held_calls(path)  # the ledger's to settle, on resume (S20)
+        results = [r for r in orphaned_results(path) if r.tool_call_id not in held]
         if results:
             async with self._lock:
                 self.repaired = tuple(await self._append(results))
@@ -401,21 +460,32 @@ class DurableAgent:
                      self._session_id, len(results))
 
     async def _run(
-        self, factory: Factory, input: list[Message], owner: weakref.ref[Run]
+        self, factory: Factory, input: list[Message], owner: weakref.ref[Run],
+        resume: bool = False,
     ) -> AsyncGenerator[RunEvent, None]:
-        if self._compaction is not None:
+        if self._compaction is not None and not resume:
             await maybe_compact(self, self._compaction, factory, input)
         async with self._lock:
             self._run_task = asyncio.current_task()
             self._run_owner = owner
             try:
-                context = build_context(self._tree.path())
+                turn: ResumeTurn | None = None
+                if resume:
+                    await effects.reload(self)
+                    plan = effects.resume_plan(self)
+                    if plan is None:
+                        yield RunStarted(session_id=self._session_id, entries=())
+                        return
+                    context, turn = plan
+                else:
+                    effects.check_settled(self)
+                    context = build_context(self._tree.path())
                 input_entries = await self._append(input)
                 yield RunStarted(session_id=self._session_id, entries=tuple(input_entries))
                 # The loop runs in its own task so that however the consumer
                 # leaves (break, aclose, cancellation) the loop only ever sees
                 # the abort signal, winds down, and its tail gets stored.
-                pump = _Pump(self, factory, context, input, input_entries)
+                pump = _Pump(self, factory, context, input, input_entries, resume=turn)
                 try:
                     while True:
                         item = await pump.next()
@@ -462,8 +532,12 @@ class _Pump:
         context: list[Message],
         input: list[Message],
         input_entries: list[Entry],
+        *,
+        resume: ResumeTurn | None,
     ) -> None:
         self._agent = agent
+        self._resume = resume
+        self._ledger: effects.Ledger | None = None
         self._abort = asyncio.Event()
         self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=_QUEUE_SIZE)
         self._pending_input = list(input_entries)
@@ -499,11 +573,28 @@ class _Pump:
     async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
         events: AsyncIterator[AgentEvent] | None = None
         try:
-            events = factory().run(context, input, abort=self._abort)
+            loop = factory()
+            if isinstance(loop, AgentLoop):
+                self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
+                events = loop.run(context, input, abort=self._abort, gate=self._ledger,
+                                  resume=self._resume)
+            elif self._resume is not None:
+                raise AgentError(
+                    f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
+                    f"tools itself (durable.model); {type(loop).__name__} cannot finish "
+                    "the calls left open"
+                )
+            else:
+                events = loop.run(context, input, abort=self._abort)
             async for event in events:
+                notices = self._ledger.drain() if self._ledger is not None else []
                 stored = await self._store(event)
+                if self._ledger is not None:
+                    notices.extend(self._ledger.drain())
                 if not self._detached:
                     await self._queue.put(stored)
+                    for notice in notices:
+                        await self._queue.put(notice)
             if not self._detached:
                 await self._queue.put(None)
         except Exception as exc:
@@ -526,7 +617,11 @@ class _Pump:
         else:
             # The pump task is never cancelled (detach shields it), so the
             # cancellation-safe path and its extra task are not needed here.
-            written = await self._agent._append([event.message], shielded=False)
+            ledger = self._ledger
+            records = await ledger.records_for(event.message) if ledger is not None else []
+            written = await self._agent._append([event.message, *records], shielded=False)
+            if ledger is not None and records:
+                ledger.stored(written)
         return StoredMessageEnd(message=event.message, entries=tuple(written))
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
 from threadline.agent._events import MessageEnd, PassedThrough
-from threadline.session._entries import CompactionEntry, Entry
+from threadline.session._entries import CompactionEntry, CustomEntry, Entry
 
 __all__ = [
+    "ApprovalRequested",
     "LifecycleEvent",
     "Publisher",
     "PublisherLike",
@@ -21,6 +22,7 @@ __all__ = [
     "SessionCreated",
     "SessionForked",
     "StoredMessageEnd",
+    "ToolCallInDoubt",
 ]
 
 
@@ -46,8 +48,44 @@ class StoredMessageEnd(MessageEnd, frozen=True, tag="message_end"):
     entries: tuple[Entry, ...] = ()
 
 
-RunEvent: TypeAlias = PassedThrough | StoredMessageEnd | RunStarted
-"""What a durable run yields: the loop's events, each ``MessageEnd`` as a receipt."""
+class ApprovalRequested(_Event, frozen=True, tag="approval_requested"):
+    """A call is held for a human decision; ``entry`` (the request) is already stored.
+
+    The run ends after this turn: its ``AgentEnd.stop_reason`` is
+    ``"awaiting_approval"``. Decide with ``approve`` / ``deny`` from any process,
+    then continue with ``continue_run()``.
+    """
+
+    type: ClassVar[Literal["approval_requested"]] = "approval_requested"
+    session_id: str
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    reason: str
+    entry: CustomEntry[Any]
+
+
+class ToolCallInDoubt(_Event, frozen=True, tag="tool_call_in_doubt"):
+    """``continue_run`` met a call that started but has no result, and dealt with it.
+
+    ``outcome``: ``rerun`` (replay="safe"), ``reconciled`` (``reconcile`` found
+    the effect), ``not_happened`` (``reconcile`` found none; the call runs),
+    ``unknown`` (it got the "outcome unknown" result).
+    """
+
+    type: ClassVar[Literal["tool_call_in_doubt"]] = "tool_call_in_doubt"
+    session_id: str
+    call_id: str
+    tool_name: str
+    idempotency_key: str
+    outcome: Literal["rerun", "reconciled", "not_happened", "unknown"]
+
+
+RunEvent: TypeAlias = (
+    PassedThrough | StoredMessageEnd | RunStarted | ApprovalRequested | ToolCallInDoubt
+)
+"""What a durable run yields: the loop's events, each ``MessageEnd`` as a receipt,
+and the tool ledger's notices."""
 
 
 class SessionCreated(_Event, frozen=True, tag="session_init"):

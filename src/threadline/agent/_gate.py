@@ -1,0 +1,51 @@
+"""The seam through which a durable agent watches each tool call of the loop.
+
+The loop knows nothing about storage; a ``ToolGate`` passed to
+``AgentLoop.run`` is asked about every valid call before it runs (``admit``)
+and just before its function is called (``begin``). The durable agent's
+effect ledger (``threadline.durable``) is the gate that matters; without one
+the loop runs every call directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from threadline.ai._messages import AssistantMessage, ToolCall, ToolResultMessage
+from threadline.ai._tools import Tool, ToolContext, ToolResult
+
+__all__ = ["Pause", "ResumeTurn", "ToolGate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """``admit``'s answer for a call that must wait (for a human decision)."""
+
+    reason: str = "awaiting approval"
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeTurn:
+    """A turn cut short: its stored assistant message and the calls still to answer.
+
+    ``AgentLoop.run(..., resume=...)`` starts with this turn's tool phase
+    instead of a model call; the context already holds the message and the
+    results it has.
+    """
+
+    message: AssistantMessage
+    calls: Sequence[ToolCall]
+
+
+class ToolGate(Protocol):
+    async def admit(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any]
+    ) -> ToolResult | ToolResultMessage | Pause | None:
+        """None runs the call; a result answers it without running; Pause holds it."""
+        ...
+
+    async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
+        """Called right before the tool's function; its errors end the run."""
+        ...
