@@ -38,6 +38,7 @@ from threadline.errors import (
     SessionExists,
     SessionNotFound,
     StoreError,
+    missing_extra,
 )
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
@@ -50,9 +51,7 @@ try:
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'threadline[postgres]'"
-    ) from exc
+    raise missing_extra("postgres", "PostgresStore", exc) from exc
 
 __all__ = ["PostgresStore"]
 

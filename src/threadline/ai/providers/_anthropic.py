@@ -9,6 +9,7 @@ from the prompt cache instead of being paid for again each turn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,18 +33,17 @@ from threadline.ai.providers._common import (
     classify,
     connection_error,
     normalize_id,
+    other_error,
     same_model,
     thinking_as_text,
 )
-from threadline.errors import ConfigError, ModelError, TransientProviderError
+from threadline.errors import ModelError, TransientProviderError, missing_extra
 
 try:
     import anthropic
     import httpx2
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigError(
-        "the Anthropic provider needs the anthropic package: pip install 'threadline[anthropic]'"
-    ) from exc
+    raise missing_extra("anthropic", "the Anthropic provider", exc) from exc
 
 __all__ = ["AnthropicModel"]
 
@@ -81,6 +81,8 @@ class AnthropicModel(SDKModel):
         ))
 
     API = API
+    # json: the SDK parses each server-sent event with the json module.
+    BACKEND_ERRORS = (anthropic.AnthropicError, httpx2.TransportError, json.JSONDecodeError)
 
     async def _create(self, body: dict[str, Any]) -> Any:
         return await self._client.messages.create(**body)
@@ -122,18 +124,15 @@ class AnthropicModel(SDKModel):
         return body
 
     def _translate(self, exc: Exception) -> ModelError:
-        info = self._info
-        if isinstance(exc, ModelError):
-            return exc
+        origin = self.origin
         if isinstance(exc, anthropic.APIStatusError):
             # An error event inside a 200 stream arrives with the stream's status.
             status = exc.status_code if exc.status_code >= 400 else None
-            return classify(exc.api_message or exc.message, info=info, status=status,
+            return classify(exc.api_message or exc.message, origin=origin, status=status,
                             code=exc.error_code, kind=exc.type, headers=exc.response.headers)
         if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
-            return connection_error(exc, info)
-        return ModelError(f"{info.provider}:{info.id}: {type(exc).__name__}: {exc}",
-                          provider=info.provider, model=info.id)
+            return connection_error(exc, origin)
+        return other_error(exc, origin)
 
 
 class _State:
@@ -217,14 +216,10 @@ class _State:
 
     def finish(self) -> list[StreamEvent]:
         b = self.b
-        where = f"{b.info.provider}:{b.info.id}"
         if not self.stopped:
-            raise TransientProviderError(
-                f"{where}: the stream ended before message_stop",
-                provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the stream ended before message_stop", TransientProviderError)
         if self.stop_reason == "refusal":
-            raise ModelError(f"{where}: the model refused to answer",
-                             provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the model refused to answer")
         b.stop_reason = _STOP.get(self.stop_reason or "end_turn", "stop")
         return b.done()
 

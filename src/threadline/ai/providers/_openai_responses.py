@@ -35,7 +35,7 @@ from threadline.ai.providers._common import (
     same_model,
     thinking_as_text,
 )
-from threadline.ai.providers._openai_chat import OpenAIClientModel, translate_openai_error
+from threadline.ai.providers._openai_chat import OpenAIClientModel
 from threadline.errors import ModelError, TransientProviderError
 
 __all__ = ["OpenAIResponsesModel"]
@@ -86,9 +86,6 @@ class OpenAIResponsesModel(OpenAIClientModel):
             body["extra_body"] = dict(options.extra)
         return body
 
-    def _translate(self, exc: Exception) -> ModelError:
-        return translate_openai_error(exc, self._info)
-
 
 class _State:
     """Turns Responses stream events into our stream events."""
@@ -100,7 +97,7 @@ class _State:
         self.final: Any = None
 
     def _fail(self, message: str, code: str | None) -> ModelError:
-        return classify(message, info=self.b.info, code=code)
+        return classify(message, origin=self.b.origin, code=code)
 
     def handle(self, event: Any) -> Iterable[StreamEvent]:
         kind = event.type
@@ -171,17 +168,14 @@ class _State:
         response = self.final
         b = self.b
         if response is None:
-            raise TransientProviderError(
-                f"{b.info.provider}:{b.info.id}: the stream ended before the response completed",
-                provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the stream ended before the response completed",
+                                 TransientProviderError)
         if response.usage is not None:
             b.usage = _usage(response.usage)
         if response.status == "incomplete":
             reason = response.incomplete_details and response.incomplete_details.reason
             if reason == "content_filter":
-                raise ModelError(
-                    f"{b.info.provider}:{b.info.id}: the response was stopped by a content "
-                    "filter", provider=b.info.provider, model=b.info.id)
+                raise b.origin.error("the response was stopped by a content filter")
             b.stop_reason = "length"
         return b.done()
 
