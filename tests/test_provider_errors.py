@@ -24,6 +24,7 @@ import httpx2
 import openai
 import pytest
 
+from threadline.agent import AgentEnd, AgentLoop
 from threadline.ai import (
     DoneEvent,
     ErrorEvent,
@@ -246,6 +247,17 @@ async def test_bug_in_stream_state_propagates_as_itself(kind: Kind, bug: Excepti
         assert caught.value is bug
         # The HTTP stream is still closed on the way out.
         await asyncio.wait_for(srv.disconnected.wait(), 30)
+
+
+async def test_bug_in_stream_state_reaches_the_agent_loop_as_itself(kind: Kind) -> None:
+    bug = KeyError("index")
+    async with WireServer() as srv:
+        srv.reply(kind.text_reply("Hello"))
+        loop = AgentLoop(model_for(kind, srv.url, broken(kind, bug)))
+        events = [e async for e in loop.run([], [UserMessage.of("hi")])]
+    end = events[-1]
+    assert isinstance(end, AgentEnd)
+    assert end.error is bug and not isinstance(end.error, ModelError)
 
 
 # --------------------------------------------------------------------------- closing
