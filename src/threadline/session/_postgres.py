@@ -193,7 +193,7 @@ class PostgresStore:
 
     # -- plumbing ---------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _start(self, session_id: str | None = None) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
         if self._ready:
@@ -209,7 +209,8 @@ class PostgresStore:
                 except (PoolTimeout, psycopg.Error) as exc:
                     await self._pool.close()
                     raise StoreError(f"{self._where}: cannot connect within "
-                                     f"{self._connect_timeout:g}s: {exc}") from exc
+                                     f"{self._connect_timeout:g}s: {exc}",
+                                     session_id=session_id) from exc
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
 
@@ -261,7 +262,7 @@ class PostgresStore:
 
     async def _run(self, what: str, session_id: str | None,
                    fn: Callable[[Conn], Awaitable[T]]) -> T:
-        await self._start()
+        await self._start(session_id)
         return await self._with_conn(what, session_id, fn)
 
     def _sid(self, session_id: object) -> str:
