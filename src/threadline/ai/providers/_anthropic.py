@@ -32,6 +32,7 @@ from threadline.ai.providers._common import (
     SDKModel,
     classify,
     connection_error,
+    error_fields,
     normalize_id,
     other_error,
     same_model,
@@ -128,8 +129,10 @@ class AnthropicModel(SDKModel):
         if isinstance(exc, anthropic.APIStatusError):
             # An error event inside a 200 stream arrives with the stream's status.
             status = exc.status_code if exc.status_code >= 400 else None
-            return classify(exc.api_message or exc.message, origin=origin, status=status,
-                            code=exc.error_code, kind=exc.type, headers=exc.response.headers)
+            message, _, kind = error_fields(exc.body)
+            return classify(message or exc.message, origin=origin, status=status,
+                            code=getattr(exc, "error_code", None),  # anthropic >= 2.5 only
+                            kind=kind, headers=exc.response.headers)
         if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
             return connection_error(exc, origin)
         return other_error(exc, origin)
@@ -159,51 +162,19 @@ class _State:
         )
 
     def handle(self, event: Any) -> Iterable[StreamEvent]:
-        b = self.b
         kind = event.type
         if kind == "message_start":
-            b.response_id = event.message.id
+            self.b.response_id = event.message.id
             self._take_usage(event.message.usage)
         elif kind == "content_block_start":
-            block = event.content_block
-            if block.type == "text":
-                i, start = b.open_text()
-                events = [start]
-                if block.text:
-                    events.append(b.delta(i, block.text))
-            elif block.type == "thinking":
-                i, start = b.open_thinking()
-                events = [start]
-                if block.thinking:
-                    events.append(b.delta(i, block.thinking))
-                b.blocks[i].signature = block.signature or None
-            elif block.type == "redacted_thinking":
-                i, start = b.open_thinking(redacted=True)
-                b.blocks[i].signature = block.data
-                events = [start]
-            elif block.type == "tool_use":
-                i, start = b.open_tool(block.id, block.name)
-                events = [start]
-            else:
-                return ()  # server tools and their results are not part of our messages
-            self.blocks[event.index] = i
-            return events
+            return self._block_start(event.index, event.content_block)
         elif kind == "content_block_delta":
             at = self.blocks.get(event.index)
-            if at is None:
-                return ()
-            delta = event.delta
-            if delta.type == "text_delta":
-                return (b.delta(at, delta.text),)
-            if delta.type == "thinking_delta":
-                return (b.delta(at, delta.thinking),)
-            if delta.type == "input_json_delta":
-                return (b.delta(at, delta.partial_json),) if delta.partial_json else ()
-            if delta.type == "signature_delta":
-                b.blocks[at].signature = (b.blocks[at].signature or "") + delta.signature
+            if at is not None:
+                return self._block_delta(at, event.delta)
         elif kind == "content_block_stop":
             at = self.blocks.get(event.index)
-            if at is not None and (end := b.close(at)) is not None:
+            if at is not None and (end := self.b.close(at)) is not None:
                 return (end,)
         elif kind == "message_delta":
             if event.delta.stop_reason:
@@ -212,6 +183,38 @@ class _State:
                 self._take_usage(event.usage)
         elif kind == "message_stop":
             self.stopped = True
+        return ()
+
+    def _block_start(self, index: int, block: Any) -> list[StreamEvent]:
+        b = self.b
+        initial = ""
+        if block.type == "text":
+            i, start = b.open_text()
+            initial = block.text
+        elif block.type == "thinking":
+            i, start = b.open_thinking()
+            initial = block.thinking
+            b.blocks[i].signature = block.signature or None
+        elif block.type == "redacted_thinking":
+            i, start = b.open_thinking(redacted=True)
+            b.blocks[i].signature = block.data
+        elif block.type == "tool_use":
+            i, start = b.open_tool(block.id, block.name)
+        else:
+            return []  # server tools and their results are not part of our messages
+        self.blocks[index] = i
+        return [start, b.delta(i, initial)] if initial else [start]
+
+    def _block_delta(self, at: int, delta: Any) -> Iterable[StreamEvent]:
+        b = self.b
+        if delta.type == "text_delta":
+            return (b.delta(at, delta.text),)
+        if delta.type == "thinking_delta":
+            return (b.delta(at, delta.thinking),)
+        if delta.type == "input_json_delta":
+            return (b.delta(at, delta.partial_json),) if delta.partial_json else ()
+        if delta.type == "signature_delta":
+            b.blocks[at].signature = (b.blocks[at].signature or "") + delta.signature
         return ()
 
     def finish(self) -> list[StreamEvent]:
