@@ -231,7 +231,8 @@ class _AbortRace:
     """Awaits SDK calls; if ``abort`` fires during one, cancels it and raises _Aborted.
 
     Racing every chunk read against the event (a task and ``asyncio.wait``
-    per chunk) cost ~30 µs a chunk. Instead one waiter on the event cancels
+    per chunk) cost more than parsing the chunk (docs/benchmarks.md, "Providers").
+    Instead one waiter on the event cancels
     the reading task, but only while it is inside a read: callbacks run only
     while the task is suspended, so the cancellation always lands in that
     read, and ``uncancel`` tells our cancellation from anyone else's (the
