@@ -15,7 +15,7 @@ import logging
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,17 +109,12 @@ KINDS = [
 _models: list[SDKModel] = []
 
 
-@pytest.fixture(autouse=True)
-async def _close_models() -> Any:
-    yield
+@pytest.fixture(params=KINDS, ids=lambda k: k.name)
+async def kind(request: pytest.FixtureRequest) -> AsyncIterator[Kind]:
+    """Each provider in turn; the models a test made with ``model_for`` are closed after it."""
+    yield request.param
     while _models:
         await _models.pop().aclose()
-
-
-@pytest.fixture(params=KINDS, ids=lambda k: k.name)
-def kind(request: pytest.FixtureRequest) -> Kind:
-    k: Kind = request.param
-    return k
 
 
 def model_for(kind: Kind, url: str, cls: type[SDKModel] | None = None) -> SDKModel:
