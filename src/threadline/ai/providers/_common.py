@@ -231,12 +231,12 @@ class _AbortRace:
     """Awaits SDK calls; if ``abort`` fires during one, cancels it and raises _Aborted.
 
     Racing every chunk read against the event (a task and ``asyncio.wait``
-    per chunk) cost more than parsing the chunk (docs/benchmarks.md, "Providers").
-    Instead one waiter on the event cancels
-    the reading task, but only while it is inside a read: callbacks run only
-    while the task is suspended, so the cancellation always lands in that
-    read, and ``uncancel`` tells our cancellation from anyone else's (the
-    pattern ``asyncio.timeout`` uses).
+    per chunk) cost more than parsing the chunk (docs/benchmarks.md,
+    "Providers"). Instead one waiter on the event cancels the reading task,
+    but only while it is inside a read: callbacks run only while the task is
+    suspended, so the cancellation always lands in that read, and
+    ``uncancel`` tells our cancellation from anyone else's (the pattern
+    ``asyncio.timeout`` uses).
     """
 
     def __init__(self, abort: asyncio.Event | None) -> None:
@@ -379,14 +379,14 @@ def classify(
         return origin.error(message, AuthenticationError, status=status)
     if "insufficient_quota" in labels:  # a 429 that waiting does not cure
         return origin.error(message, status=status)
-    # A 429 is a rate limit whatever it says; a rate-limit label only when the
-    # text does not describe an overflow.
-    overflow = status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message)
-    if status == 429 or (labels & _RATE_TYPES and not overflow):
+    if status == 429:
         return origin.error(message, RateLimitError, status=status,
                             retry_after=retry_after(headers))
-    if overflow:
+    if status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message):
         return origin.error(message, ContextOverflowError, status=status)
+    if labels & _RATE_TYPES:
+        return origin.error(message, RateLimitError, status=status,
+                            retry_after=retry_after(headers))
     if (status is not None and (status >= 500 or status == 408)) or labels & _TRANSIENT_TYPES:
         return origin.error(message, TransientProviderError, status=status)
     return origin.error(message, status=status)
