@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import pickle
+from collections.abc import Sequence
 
 import pytest
 
-from threadline import errors
+from threadline import durable, errors
+from threadline.ai import UserMessage
 from threadline.errors import (
     CorruptLog,
     RateLimitError,
@@ -15,6 +19,7 @@ from threadline.errors import (
     StoreError,
     ThreadlineError,
 )
+from threadline.session import Entry, MemoryStore, SessionRecord
 
 
 def test_every_public_error_derives_from_the_root() -> None:
@@ -47,3 +52,41 @@ def test_messages_name_what_and_where() -> None:
     corrupt = CorruptLog("expected an entry, got 'x'", path="sessions/user-42.jsonl", line=17)
     assert str(corrupt) == "sessions/user-42.jsonl line 17: expected an entry, got 'x'"
     assert corrupt.line == 17 and corrupt.path == "sessions/user-42.jsonl"
+
+
+class _FailsAfterGate:
+    """A memory store whose appends wait for ``release`` and then fail."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await self.inner.create_session(record)
+
+    async def load_entries(self, session_id: str) -> list[Entry]:
+        return await self.inner.load_entries(session_id)
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        self.entered.set()
+        await self.release.wait()
+        raise StoreError("disk went away", session_id=session_id)
+
+
+async def test_store_error_during_cancelled_append_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _FailsAfterGate()
+    agent = await durable.open(None, store=store, session_id="user-42")
+    task = asyncio.create_task(agent.append(UserMessage.of("hi")))
+    await store.entered.wait()
+    task.cancel()
+    store.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (record,) = [r for r in caplog.records if r.name == "threadline.durable"]
+    assert record.levelno == logging.ERROR
+    assert "session user-42" in record.getMessage() and "1 entries" in record.getMessage()
+    assert record.exc_info is not None and str(record.exc_info[1]) == "disk went away"
+    assert agent.entries == []  # memory does not claim what the store may not have

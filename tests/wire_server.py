@@ -18,13 +18,16 @@ from typing import Any
 HANG = object()
 """In ``Reply.chunks``: stop sending and wait until the client closes the connection."""
 
+CUT = object()
+"""In ``Reply.chunks``: drop the connection mid-response, as a crashed server would."""
+
 
 @dataclass
 class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     chunks: list[Any] = field(default_factory=list)
-    """bytes to send, a float to sleep that many seconds, or ``HANG``."""
+    """bytes to send, a float to sleep that many seconds, ``HANG`` or ``CUT``."""
 
 
 @dataclass
@@ -135,6 +138,9 @@ class WireServer:
                 while await reader.read(1024):
                     pass
                 self.disconnected.set()
+                return False
+            if chunk is CUT:
+                writer.transport.abort()
                 return False
             if isinstance(chunk, float):
                 await asyncio.sleep(chunk)

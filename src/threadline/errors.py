@@ -8,7 +8,7 @@ errors) are translated where they cross into threadline and chained with
 ::
 
     ThreadlineError
-    +-- ConfigError                  bad store URL, bad option, missing API key
+    +-- ConfigError                  bad store URL, bad option, missing API key or extra
     +-- StoreError                   anything a Store reports
     |   +-- SessionNotFound
     |   +-- SessionExists
@@ -77,7 +77,19 @@ def _rebuild(
 
 
 class ConfigError(ThreadlineError):
-    """A setting, URL or argument the library cannot use."""
+    """A setting, URL or argument the library cannot use, or a missing optional extra."""
+
+
+def missing_extra(extra: str, needed_by: str, cause: ImportError) -> ConfigError:
+    """The error for an optional dependency that cannot be imported (internal helper).
+
+    Names the module that failed, since "installed but too old" (an SDK
+    release that lacks a module we import) reads differently from "not
+    installed". Raise it ``from`` the ImportError.
+    """
+    module = f" (cannot import {cause.name!r})" if cause.name else ""
+    return ConfigError(f"{needed_by}: the {extra!r} extra is missing or too old{module}; "
+                       f"pip install -U 'threadline[{extra}]'")
 
 
 class StoreError(ThreadlineError):
@@ -138,7 +150,11 @@ class CopyConflict(StoreError):
 
 
 class ModelError(ThreadlineError):
-    """A language model call failed. ``provider`` and ``model`` say which."""
+    """A language model call failed. ``provider``, ``model`` and ``base_url`` say which.
+
+    Raised by a provider, it chains the SDK or transport exception it
+    translates (``__cause__``).
+    """
 
     def __init__(
         self,
@@ -147,11 +163,13 @@ class ModelError(ThreadlineError):
         provider: str = "",
         model: str = "",
         status_code: int | None = None,
+        base_url: str | None = None,
     ) -> None:
         super().__init__(message)
         self.provider = provider
         self.model = model
         self.status_code = status_code
+        self.base_url = base_url
 
 
 class AuthenticationError(ModelError):
@@ -166,9 +184,11 @@ class RateLimitError(ModelError):
         provider: str = "",
         model: str = "",
         status_code: int | None = None,
+        base_url: str | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message, provider=provider, model=model, status_code=status_code)
+        super().__init__(message, provider=provider, model=model, status_code=status_code,
+                         base_url=base_url)
         self.retry_after = retry_after
 
 

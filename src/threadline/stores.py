@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
-from threadline.errors import ConfigError, CopyConflict, SessionNotFound
+from threadline.errors import ConfigError, CopyConflict, SessionNotFound, missing_extra
 from threadline.session._codec import encode_entry
 from threadline.session._entries import SessionRecord
 from threadline.session._store import ManagedStore, Store
@@ -167,8 +167,7 @@ def _postgres_store(parts: Any, params: dict[str, str], shown: str,
 
         from threadline.session._postgres import PostgresStore
     except ImportError as exc:
-        raise ConfigError(f"store URL {shown!r} needs the postgres extra: "
-                          f"pip install 'threadline[postgres]'") from exc
+        raise missing_extra("postgres", f"store URL {shown!r}", exc) from exc
     options: dict[str, Any] = {}
     if "schema" in params:
         options["schema"] = params.pop("schema")

@@ -88,6 +88,15 @@ __all__ = ["AfterToolCall", "AgentLoop", "BeforeToolCall", "Deny"]
 _T = TypeVar("_T")
 
 
+@dataclass(slots=True)
+class _Reply:
+    """How one model call ended (``_reply`` always sets it): the message, and the error."""
+
+    message: AssistantMessage = dataclasses.field(
+        default_factory=lambda: AssistantMessage(stop_reason="error"))
+    error: BaseException | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Deny:
     """Returned by ``before_tool_call`` to refuse a call; the model sees the reason."""
@@ -191,40 +200,16 @@ class AgentLoop:
                 break
             turn += 1
             yield TurnStart(turn)
-            final: AssistantMessage | None = None
             if resume is not None:
                 final, calls = resume.message, tuple(resume.calls)
                 resume = None
             else:
                 yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
-                if abort is not None and abort.is_set():  # set while TurnStart was reported
-                    final = AssistantMessage(
-                        model=info.id, provider=info.provider, stop_reason="aborted",
-                        error_message="aborted",
-                    )
-                    error = asyncio.CancelledError("run aborted")
-                else:
-                    request = Request(tuple(history), self.system, self._specs)
-                    stream = self.model.stream(request, options)
-                    try:
-                        async for event in stream:
-                            if isinstance(event, _FINAL):
-                                final = event.message
-                                if isinstance(event, ErrorEvent):
-                                    error = _stream_error(event, info)
-                                break
-                            yield MessageUpdate(event)
-                    except Exception as exc:  # a model that breaks the protocol and raises
-                        error = exc
-                        final = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
-                    finally:
-                        close = getattr(stream, "aclose", None)
-                        if close is not None:
-                            await close()
-                    if final is None:
-                        text = "model stream ended without a final event"
-                        error = ModelError(text, provider=info.provider, model=info.id)
-                        final = _failed(info.id, info.provider, text)
+                reply = _Reply()
+                async with aclosing(self._reply(history, options, abort, reply)) as updates:
+                    async for update in updates:
+                        yield update
+                final, error = reply.message, reply.error
                 history.append(final)
                 produced.append(final)
                 yield MessageEnd(final)
@@ -257,6 +242,40 @@ class AgentLoop:
                 )
                 break
         yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
+
+    async def _reply(
+        self, history: list[Message], options: StreamOptions, abort: asyncio.Event | None,
+        reply: _Reply,
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """Stream one assistant message as updates; its end and error land in ``reply``."""
+        info = self.model.info
+        if abort is not None and abort.is_set():  # set while TurnStart was reported
+            reply.message = AssistantMessage(
+                model=info.id, provider=info.provider, stop_reason="aborted",
+                error_message="aborted",
+            )
+            reply.error = asyncio.CancelledError("run aborted")
+            return
+        stream = self.model.stream(Request(tuple(history), self.system, self._specs), options)
+        try:
+            async for event in stream:
+                if isinstance(event, _FINAL):
+                    reply.message = event.message
+                    if isinstance(event, ErrorEvent):
+                        reply.error = _stream_error(event, info)
+                    return
+                yield MessageUpdate(event)
+        except Exception as exc:  # a model that breaks the protocol and raises
+            reply.error = exc
+            reply.message = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+        text = "model stream ended without a final event"
+        reply.error = ModelError(text, provider=info.provider, model=info.id)
+        reply.message = _failed(info.id, info.provider, text)
 
     async def _run_tools(
         self,

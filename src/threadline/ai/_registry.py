@@ -132,20 +132,15 @@ def get_model(
     kwargs: dict[str, Any] = {"api_key": key, "base_url": url, "timeout": timeout}
     if max_retries is not None:
         kwargs["max_retries"] = max_retries
-    try:
-        if conf.api == "anthropic-messages":
-            from threadline.ai.providers._anthropic import AnthropicModel
+    # Each provider module raises ConfigError naming its extra when its SDK is missing.
+    if conf.api == "anthropic-messages":
+        from threadline.ai.providers._anthropic import AnthropicModel
 
-            return AnthropicModel(resolved, **kwargs)
-        if conf.api == "openai-responses":
-            from threadline.ai.providers._openai_responses import OpenAIResponsesModel
+        return AnthropicModel(resolved, **kwargs)
+    if conf.api == "openai-responses":
+        from threadline.ai.providers._openai_responses import OpenAIResponsesModel
 
-            return OpenAIResponsesModel(resolved, **kwargs)
-        from threadline.ai.providers._openai_chat import OpenAIChatModel
+        return OpenAIResponsesModel(resolved, **kwargs)
+    from threadline.ai.providers._openai_chat import OpenAIChatModel
 
-        return OpenAIChatModel(resolved, **kwargs)
-    except ImportError as exc:  # a half-installed SDK
-        extra = "anthropic" if conf.api == "anthropic-messages" else "openai"
-        raise ConfigError(
-            f"model {spec!r} needs the {extra} package: pip install 'threadline[{extra}]'"
-        ) from exc
+    return OpenAIChatModel(resolved, **kwargs)

@@ -414,52 +414,71 @@ def _check(value: Any, schema: Any, root: Mapping[str, Any], path: str) -> None:
     """Validate ``value`` against the JSON-schema subset tools use; raise on the first error."""
     if not isinstance(schema, Mapping):
         return  # ``true``/``{}``: anything goes
-    where = f" - at `{path}`"
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for key in ref[2:].split("/"):
-            target = target.get(key, {}) if isinstance(target, Mapping) else {}
-        _check(value, target, root, path)
+        _check(value, _resolve(ref, root), root, path)
     for key in ("anyOf", "oneOf"):
         if key in schema:
-            for option in schema[key]:
-                try:
-                    _check(value, option, root, path)
-                    break
-                except msgspec.ValidationError:
-                    continue
-            else:
-                raise msgspec.ValidationError(
-                    f"`{_json_type(value)}` value matches none of the allowed forms{where}"
-                )
+            _check_any(value, schema[key], root, path)
+    _check_scalar(value, schema, path)
+    if isinstance(value, Mapping):
+        _check_object(value, schema, root, path)
+    elif isinstance(value, list | tuple) and "items" in schema:
+        for i, item in enumerate(value):
+            _check(item, schema["items"], root, f"{path}[{i}]")
+
+
+def _invalid(message: str, path: str) -> msgspec.ValidationError:
+    return msgspec.ValidationError(f"{message} - at `{path}`")
+
+
+def _resolve(ref: str, root: Mapping[str, Any]) -> Any:
+    """The schema a local ``#/...`` reference points at; ``{}`` when nothing is there."""
+    target: Any = root
+    for key in ref[2:].split("/"):
+        target = target.get(key, {}) if isinstance(target, Mapping) else {}
+    return target
+
+
+def _check_any(value: Any, options: Any, root: Mapping[str, Any], path: str) -> None:
+    # ``oneOf`` is checked like ``anyOf``: tool arguments rarely match two forms,
+    # and telling the model "more than one matched" would not help it.
+    for option in options:
+        try:
+            _check(value, option, root, path)
+            return
+        except msgspec.ValidationError:
+            continue
+    raise _invalid(f"`{_json_type(value)}` value matches none of the allowed forms", path)
+
+
+def _check_scalar(value: Any, schema: Mapping[str, Any], path: str) -> None:
+    """``type``, ``enum`` and ``const``."""
     types = schema.get("type")
     if types is not None:
         names = [types] if isinstance(types, str) else list(types)
         if not any(_is(value, t) for t in names):
-            raise msgspec.ValidationError(
-                f"Expected `{' | '.join(names)}`, got `{_json_type(value)}`{where}"
-            )
+            raise _invalid(f"Expected `{' | '.join(names)}`, got `{_json_type(value)}`", path)
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(msgspec.json.encode(v).decode() for v in schema["enum"])
-        raise msgspec.ValidationError(f"Invalid value, expected one of {allowed}{where}")
+        raise _invalid(f"Invalid value, expected one of {allowed}", path)
     if "const" in schema and value != schema["const"]:
-        raise msgspec.ValidationError(
-            f"Invalid value, expected {msgspec.json.encode(schema['const']).decode()}{where}"
-        )
-    if isinstance(value, Mapping):
-        for name in schema.get("required", ()):
-            if name not in value:
-                raise msgspec.ValidationError(f"Object missing required field `{name}`{where}")
-        props: Mapping[str, Any] = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for name, item in value.items():
-            if name in props:
-                _check(item, props[name], root, f"{path}.{name}")
-            elif extra is False:
-                raise msgspec.ValidationError(f"Object contains unknown field `{name}`{where}")
-            else:
-                _check(item, extra, root, f"{path}.{name}")
-    elif isinstance(value, list | tuple) and "items" in schema:
-        for i, item in enumerate(value):
-            _check(item, schema["items"], root, f"{path}[{i}]")
+        raise _invalid(
+            f"Invalid value, expected {msgspec.json.encode(schema['const']).decode()}", path)
+
+
+def _check_object(
+    value: Mapping[str, Any], schema: Mapping[str, Any], root: Mapping[str, Any], path: str
+) -> None:
+    for name in schema.get("required", ()):
+        if name not in value:
+            raise _invalid(f"Object missing required field `{name}`", path)
+    props: Mapping[str, Any] = schema.get("properties", {})
+    extra = schema.get("additionalProperties", True)
+    for name, item in value.items():
+        if name in props:
+            _check(item, props[name], root, f"{path}.{name}")
+        elif extra is False:
+            raise _invalid(f"Object contains unknown field `{name}`", path)
+        else:
+            _check(item, extra, root, f"{path}.{name}")

@@ -426,6 +426,9 @@ class DurableAgent:
             try:
                 await write
             except Exception:
+                # The caller only learns it was cancelled; say what became of the write.
+                log.exception("session %s: an append interrupted by cancellation failed; "
+                              "its %d entries may not be stored", self._session_id, len(batch))
                 raise asyncio.CancelledError() from None
             self._add(batch)
             raise

@@ -38,6 +38,7 @@ from threadline.errors import (
     SessionExists,
     SessionNotFound,
     StoreError,
+    missing_extra,
 )
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
@@ -50,9 +51,7 @@ try:
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'threadline[postgres]'"
-    ) from exc
+    raise missing_extra("postgres", "PostgresStore", exc) from exc
 
 __all__ = ["PostgresStore"]
 
@@ -201,7 +200,7 @@ class PostgresStore:
 
     # -- plumbing ---------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _start(self, session_id: str | None = None) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
         if self._ready:
@@ -218,7 +217,8 @@ class PostgresStore:
                 except (PoolTimeout, psycopg.Error) as exc:
                     await self._pool.close()
                     raise StoreError(f"{self._where}: cannot connect within "
-                                     f"{self._connect_timeout:g}s: {exc}") from exc
+                                     f"{self._connect_timeout:g}s: {exc}",
+                                     session_id=session_id) from exc
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
 
@@ -288,7 +288,7 @@ class PostgresStore:
 
     async def _run(self, what: str, session_id: str | None,
                    fn: Callable[[Conn], Awaitable[T]]) -> T:
-        await self._start()
+        await self._start(session_id)
         return await self._with_conn(what, session_id, fn)
 
     def _sid(self, session_id: object) -> str:

@@ -17,13 +17,12 @@ lock. Other writers wait up to ``busy_timeout`` seconds. SQLite's write lock is
 not a queue: a waiter sleeps in the busy handler and checks again, and the
 default handler sleeps longer each time (1, 2, 5, 10 ... 100 ms). With several
 writing processes a waiter that has backed off sleeps through many hand-offs
-while the others keep taking the lock: in ``bench/sql_stores.py`` (8
-processes) that put p99 at ~55 ms and the worst append at ~0.5 s, for a
-commit of ~0.15 ms. So the connection's own busy timeout is only a short slice
+while the others keep taking the lock, so the latency tail grows far past a
+commit's cost. So the connection's own busy timeout is only a short slice
 (``_BUSY_SLICE``, in which SQLite checks after 1, 3 and 5 ms) and the store
 retries slice after slice until ``busy_timeout``: no waiter sleeps more than
-2 ms at a time, and p99 fell to ~22 ms, the worst append to ~40 ms, for 6-20%
-less throughput on 2 cores (docs/benchmarks.md). The loop also covers the
+2 ms at a time, a much shorter tail for a little throughput (measured by
+``bench/sql_stores.py``, in docs/benchmarks.md). The loop also covers the
 busy cases in WAL mode that skip the busy handler.
 
 Every entry is kept as the codec's exact bytes in ``entries.data``, so a

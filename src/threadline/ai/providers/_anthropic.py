@@ -9,6 +9,7 @@ from the prompt cache instead of being paid for again each turn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,19 +32,19 @@ from threadline.ai.providers._common import (
     SDKModel,
     classify,
     connection_error,
+    error_fields,
     normalize_id,
+    other_error,
     same_model,
     thinking_as_text,
 )
-from threadline.errors import ConfigError, ModelError, TransientProviderError
+from threadline.errors import ModelError, TransientProviderError, missing_extra
 
 try:
     import anthropic
     import httpx2
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigError(
-        "the Anthropic provider needs the anthropic package: pip install 'threadline[anthropic]'"
-    ) from exc
+    raise missing_extra("anthropic", "the Anthropic provider", exc) from exc
 
 __all__ = ["AnthropicModel"]
 
@@ -81,6 +82,8 @@ class AnthropicModel(SDKModel):
         ))
 
     API = API
+    # json: the SDK parses each server-sent event with the json module.
+    BACKEND_ERRORS = (anthropic.AnthropicError, httpx2.TransportError, json.JSONDecodeError)
 
     async def _create(self, body: dict[str, Any]) -> Any:
         return await self._client.messages.create(**body)
@@ -122,18 +125,17 @@ class AnthropicModel(SDKModel):
         return body
 
     def _translate(self, exc: Exception) -> ModelError:
-        info = self._info
-        if isinstance(exc, ModelError):
-            return exc
+        origin = self.origin
         if isinstance(exc, anthropic.APIStatusError):
             # An error event inside a 200 stream arrives with the stream's status.
             status = exc.status_code if exc.status_code >= 400 else None
-            return classify(exc.api_message or exc.message, info=info, status=status,
-                            code=exc.error_code, kind=exc.type, headers=exc.response.headers)
+            message, _, kind = error_fields(exc.body)
+            return classify(message or exc.message, origin=origin, status=status,
+                            code=getattr(exc, "error_code", None),  # anthropic >= 2.5 only
+                            kind=kind, headers=exc.response.headers)
         if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
-            return connection_error(exc, info)
-        return ModelError(f"{info.provider}:{info.id}: {type(exc).__name__}: {exc}",
-                          provider=info.provider, model=info.id)
+            return connection_error(exc, origin)
+        return other_error(exc, origin)
 
 
 class _State:
@@ -160,51 +162,19 @@ class _State:
         )
 
     def handle(self, event: Any) -> Iterable[StreamEvent]:
-        b = self.b
         kind = event.type
         if kind == "message_start":
-            b.response_id = event.message.id
+            self.b.response_id = event.message.id
             self._take_usage(event.message.usage)
         elif kind == "content_block_start":
-            block = event.content_block
-            if block.type == "text":
-                i, start = b.open_text()
-                events = [start]
-                if block.text:
-                    events.append(b.delta(i, block.text))
-            elif block.type == "thinking":
-                i, start = b.open_thinking()
-                events = [start]
-                if block.thinking:
-                    events.append(b.delta(i, block.thinking))
-                b.blocks[i].signature = block.signature or None
-            elif block.type == "redacted_thinking":
-                i, start = b.open_thinking(redacted=True)
-                b.blocks[i].signature = block.data
-                events = [start]
-            elif block.type == "tool_use":
-                i, start = b.open_tool(block.id, block.name)
-                events = [start]
-            else:
-                return ()  # server tools and their results are not part of our messages
-            self.blocks[event.index] = i
-            return events
+            return self._block_start(event.index, event.content_block)
         elif kind == "content_block_delta":
             at = self.blocks.get(event.index)
-            if at is None:
-                return ()
-            delta = event.delta
-            if delta.type == "text_delta":
-                return (b.delta(at, delta.text),)
-            if delta.type == "thinking_delta":
-                return (b.delta(at, delta.thinking),)
-            if delta.type == "input_json_delta":
-                return (b.delta(at, delta.partial_json),) if delta.partial_json else ()
-            if delta.type == "signature_delta":
-                b.blocks[at].signature = (b.blocks[at].signature or "") + delta.signature
+            if at is not None:
+                return self._block_delta(at, event.delta)
         elif kind == "content_block_stop":
             at = self.blocks.get(event.index)
-            if at is not None and (end := b.close(at)) is not None:
+            if at is not None and (end := self.b.close(at)) is not None:
                 return (end,)
         elif kind == "message_delta":
             if event.delta.stop_reason:
@@ -215,16 +185,44 @@ class _State:
             self.stopped = True
         return ()
 
+    def _block_start(self, index: int, block: Any) -> list[StreamEvent]:
+        b = self.b
+        initial = ""
+        if block.type == "text":
+            i, start = b.open_text()
+            initial = block.text
+        elif block.type == "thinking":
+            i, start = b.open_thinking()
+            initial = block.thinking
+            b.blocks[i].signature = block.signature or None
+        elif block.type == "redacted_thinking":
+            i, start = b.open_thinking(redacted=True)
+            b.blocks[i].signature = block.data
+        elif block.type == "tool_use":
+            i, start = b.open_tool(block.id, block.name)
+        else:
+            return []  # server tools and their results are not part of our messages
+        self.blocks[index] = i
+        return [start, b.delta(i, initial)] if initial else [start]
+
+    def _block_delta(self, at: int, delta: Any) -> Iterable[StreamEvent]:
+        b = self.b
+        if delta.type == "text_delta":
+            return (b.delta(at, delta.text),)
+        if delta.type == "thinking_delta":
+            return (b.delta(at, delta.thinking),)
+        if delta.type == "input_json_delta":
+            return (b.delta(at, delta.partial_json),) if delta.partial_json else ()
+        if delta.type == "signature_delta":
+            b.blocks[at].signature = (b.blocks[at].signature or "") + delta.signature
+        return ()
+
     def finish(self) -> list[StreamEvent]:
         b = self.b
-        where = f"{b.info.provider}:{b.info.id}"
         if not self.stopped:
-            raise TransientProviderError(
-                f"{where}: the stream ended before message_stop",
-                provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the stream ended before message_stop", TransientProviderError)
         if self.stop_reason == "refusal":
-            raise ModelError(f"{where}: the model refused to answer",
-                             provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the model refused to answer")
         b.stop_reason = _STOP.get(self.stop_reason or "end_turn", "stop")
         return b.done()
 

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import email.utils
 import hashlib
+import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -63,6 +65,28 @@ DEFAULT_MAX_RETRIES = 1
 """SDK-level retries. Kept small so typed errors (rate limits with their
 retry-after) reach the caller, which decides about waiting."""
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Which model at which server: what every provider error names."""
+
+    info: ModelInfo
+    base_url: str | None = None
+
+    def __str__(self) -> str:
+        at = f" at {self.base_url}" if self.base_url else ""
+        return f"{self.info.provider}:{self.info.id}{at}"
+
+    def error(
+        self, message: str, cls: type[ModelError] = ModelError, *, status: int | None = None,
+        **extra: Any,
+    ) -> ModelError:
+        http = f"HTTP {status}: " if status is not None else ""
+        return cls(f"{self}: {http}{message}", provider=self.info.provider, model=self.info.id,
+                   status_code=status, base_url=self.base_url, **extra)
+
 
 # --------------------------------------------------------------------------- blocks
 
@@ -81,8 +105,9 @@ class _Block:
 class Builder:
     """Collects the blocks of one assistant message as they stream."""
 
-    def __init__(self, info: ModelInfo, api: str) -> None:
+    def __init__(self, info: ModelInfo, api: str, base_url: str | None = None) -> None:
         self.info = info
+        self.origin = Origin(info, base_url)
         self.api = api
         self.blocks: list[_Block] = []
         self.usage = Usage()
@@ -206,11 +231,12 @@ class _AbortRace:
     """Awaits SDK calls; if ``abort`` fires during one, cancels it and raises _Aborted.
 
     Racing every chunk read against the event (a task and ``asyncio.wait``
-    per chunk) cost ~30 µs a chunk. Instead one waiter on the event cancels
-    the reading task, but only while it is inside a read: callbacks run only
-    while the task is suspended, so the cancellation always lands in that
-    read, and ``uncancel`` tells our cancellation from anyone else's (the
-    pattern ``asyncio.timeout`` uses).
+    per chunk) cost more than parsing the chunk (docs/benchmarks.md,
+    "Providers"). Instead one waiter on the event cancels the reading task,
+    but only while it is inside a read: callbacks run only while the task is
+    suspended, so the cancellation always lands in that read, and
+    ``uncancel`` tells our cancellation from anyone else's (the pattern
+    ``asyncio.timeout`` uses).
     """
 
     def __init__(self, abort: asyncio.Event | None) -> None:
@@ -257,14 +283,18 @@ async def drive(
     open_stream: Callable[[], Awaitable[SDKStream]],
     handle: Callable[[Any], Iterable[StreamEvent]],
     finish: Callable[[], list[StreamEvent]],
+    backend_errors: tuple[type[Exception], ...],
     translate: Callable[[Exception], ModelError],
     abort: asyncio.Event | None,
 ) -> AsyncIterator[StreamEvent]:
     """Run one request: StartEvent, the handled chunks, then ``finish()`` or an ErrorEvent.
 
     ``handle`` and ``finish`` may raise ``ModelError`` for failures the server
-    reports inside the stream. The HTTP stream is closed on every exit: the
-    end of data, an abort, an error, or the consumer closing this iterator.
+    reports inside the stream. Only ``backend_errors`` (the SDK's and its
+    transport's exceptions) are translated; anything else is a bug on our side
+    and propagates as itself rather than passing for a model failure. The
+    HTTP stream is closed on every exit: the end of data, an abort, an error,
+    or the consumer closing this iterator.
     """
     yield builder.start()
     sdk: SDKStream | None = None
@@ -284,13 +314,20 @@ async def drive(
             yield event
     except _Aborted:
         yield builder.failed(None, aborted=True)
-    except Exception as exc:
-        yield builder.failed(translate(exc))
+    except ModelError as exc:
+        yield builder.failed(exc)
+    except backend_errors as exc:
+        yield builder.failed(chained(translate(exc), exc))
     finally:
         race.close()
         if sdk is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await sdk.close()
+            except Exception:
+                # The answer (or the error) is already out; a failed close
+                # only costs a connection, but should not go unseen.
+                log.warning("%s: closing the response stream failed", builder.origin,
+                            exc_info=True)
 
 
 # --------------------------------------------------------------------------- errors
@@ -330,38 +367,57 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
 def classify(
     message: str,
     *,
-    info: ModelInfo,
+    origin: Origin,
     status: int | None = None,
     code: str | None = None,
     kind: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> ModelError:
     """The typed error for what a provider reported (status, error code/type, text)."""
-    where = f"{info.provider}:{info.id}"
-    text = f"{where}: {message}"
-    args: dict[str, Any] = {"provider": info.provider, "model": info.id, "status_code": status}
     labels = {code, kind} - {None}
     if status in (401, 403) or labels & _AUTH_TYPES:
-        return AuthenticationError(text, **args)
+        return origin.error(message, AuthenticationError, status=status)
     if "insufficient_quota" in labels:  # a 429 that waiting does not cure
-        return ModelError(text, **args)
+        return origin.error(message, status=status)
     if status == 429:
-        return RateLimitError(text, retry_after=retry_after(headers), **args)
+        return origin.error(message, RateLimitError, status=status,
+                            retry_after=retry_after(headers))
     if status == 413 or "context_length_exceeded" in labels or _OVERFLOW.search(message):
-        return ContextOverflowError(text, **args)
+        return origin.error(message, ContextOverflowError, status=status)
     if labels & _RATE_TYPES:
-        return RateLimitError(text, retry_after=retry_after(headers), **args)
+        return origin.error(message, RateLimitError, status=status,
+                            retry_after=retry_after(headers))
     if (status is not None and (status >= 500 or status == 408)) or labels & _TRANSIENT_TYPES:
-        return TransientProviderError(text, **args)
-    return ModelError(text, **args)
+        return origin.error(message, TransientProviderError, status=status)
+    return origin.error(message, status=status)
 
 
-def connection_error(exc: Exception, info: ModelInfo) -> ModelError:
-    detail = str(exc) or type(exc).__name__
-    return TransientProviderError(
-        f"{info.provider}:{info.id}: connection failed: {detail}",
-        provider=info.provider, model=info.id,
-    )
+def connection_error(exc: Exception, origin: Origin) -> ModelError:
+    """A failed connection or read, described by the transport error underneath the SDK's."""
+    root: BaseException = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    detail = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+    return origin.error(f"connection failed: {detail}", TransientProviderError)
+
+
+def other_error(exc: Exception, origin: Origin) -> ModelError:
+    """A backend exception no provider rule knows; its type name keeps it findable."""
+    if isinstance(exc, json.JSONDecodeError):  # the SDKs parse events with ``json``
+        return origin.error(f"the server sent an event that is not JSON: {exc}")
+    return origin.error(f"{type(exc).__name__}: {exc}")
+
+
+def chained(error: ModelError, cause: Exception) -> ModelError:
+    """``error`` with ``cause`` as its ``__cause__``, as ``raise error from cause`` would set.
+
+    Stream failures are handed to the caller inside an ErrorEvent rather than
+    raised, so the chain has to be set by hand.
+    """
+    if error is not cause:
+        error.__cause__ = cause
+        error.__suppress_context__ = True
+    return error
 
 
 def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
@@ -428,10 +484,13 @@ class StreamState(Protocol):
 class SDKModel:
     """The plumbing every SDK-backed model shares: the client's lifetime and the
     stream driver. A subclass builds its client, names its ``API``, and supplies
-    ``request_body``, ``_create`` (open the SDK stream), ``_state`` and
-    ``_translate`` (SDK exception -> ``ModelError``)."""
+    ``request_body``, ``_create`` (open the SDK stream), ``_state``,
+    ``BACKEND_ERRORS`` (the exception types its SDK and transport raise) and
+    ``_translate`` (one of those -> ``ModelError``): the provider's single
+    error-mapping point."""
 
     API = ""
+    BACKEND_ERRORS: tuple[type[Exception], ...] = ()
 
     def __init__(self, info: ModelInfo, client: Any) -> None:
         self._info = info
@@ -449,7 +508,7 @@ class SDKModel:
         self, request: Request, options: StreamOptions | None = None
     ) -> AsyncIterator[StreamEvent]:
         options = options or StreamOptions()
-        builder = Builder(self._info, self.API)
+        builder = Builder(self._info, self.API, self.origin.base_url)
         state = self._state(builder)
         body = self.request_body(request, options)
 
@@ -457,9 +516,14 @@ class SDKModel:
             return await self._create(body)
 
         async for event in drive(builder, open_stream=open_stream, handle=state.handle,
-                                 finish=state.finish, translate=self._translate,
-                                 abort=options.abort):
+                                 finish=state.finish, backend_errors=self.BACKEND_ERRORS,
+                                 translate=self._translate, abort=options.abort):
             yield event
+
+    @property
+    def origin(self) -> Origin:
+        url = getattr(self._client, "base_url", None)
+        return Origin(self._info, str(url).rstrip("/") if url is not None else None)
 
     def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
         raise NotImplementedError

@@ -9,6 +9,7 @@ gets it back in the same field.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,18 +37,17 @@ from threadline.ai.providers._common import (
     data_url,
     error_fields,
     normalize_id,
+    other_error,
     same_model,
     thinking_as_text,
 )
-from threadline.errors import ConfigError, ModelError, TransientProviderError
+from threadline.errors import ModelError, TransientProviderError, missing_extra
 
 try:
     import httpx2
     import openai
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigError(
-        "the OpenAI providers need the openai package: pip install 'threadline[openai]'"
-    ) from exc
+    raise missing_extra("openai", "the OpenAI providers", exc) from exc
 
 __all__ = ["OpenAIChatModel"]
 
@@ -61,6 +61,9 @@ _FINISH: dict[str, StopReason] = {
 
 class OpenAIClientModel(SDKModel):
     """An ``SDKModel`` on the official ``openai`` async client (both OpenAI APIs)."""
+
+    # json: the SDK parses each server-sent event with the json module.
+    BACKEND_ERRORS = (openai.OpenAIError, httpx2.TransportError, json.JSONDecodeError)
 
     def __init__(
         self,
@@ -77,6 +80,22 @@ class OpenAIClientModel(SDKModel):
             default_headers=headers,
             timeout=openai.NOT_GIVEN if timeout is None else timeout,
         ))
+
+    def _translate(self, exc: Exception) -> ModelError:
+        origin = self.origin
+        if isinstance(exc, openai.APIStatusError):
+            message, code, kind = error_fields(exc.body)
+            return classify(
+                message or exc.message, origin=origin, status=exc.status_code,
+                code=code or exc.code, kind=kind or exc.type, headers=exc.response.headers,
+            )
+        if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+            return connection_error(exc, origin)
+        if isinstance(exc, openai.APIError):  # an error object inside the stream
+            message, code, kind = error_fields(exc.body)
+            return classify(message or exc.message, origin=origin, code=code or exc.code,
+                            kind=kind or exc.type)
+        return other_error(exc, origin)
 
 
 class OpenAIChatModel(OpenAIClientModel):
@@ -116,30 +135,6 @@ class OpenAIChatModel(OpenAIClientModel):
         if options.extra:
             body["extra_body"] = dict(options.extra)
         return body
-
-    def _translate(self, exc: Exception) -> ModelError:
-        return translate_openai_error(exc, self._info)
-
-
-def translate_openai_error(exc: Exception, info: ModelInfo) -> ModelError:
-    """A typed error for whatever the openai SDK (or its transport) raised."""
-    if isinstance(exc, ModelError):
-        return exc
-    if isinstance(exc, openai.APIStatusError):
-        message, code, kind = error_fields(exc.body)
-        return classify(
-            message or exc.message, info=info, status=exc.status_code,
-            code=code or exc.code, kind=kind or exc.type, headers=exc.response.headers,
-        )
-    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
-        return connection_error(exc, info)
-    if isinstance(exc, openai.APIError):  # an error object inside the stream
-        message, code, kind = error_fields(exc.body)
-        return classify(message or exc.message, info=info, code=code or exc.code,
-                        kind=kind or exc.type)
-    return ModelError(f"{info.provider}:{info.id}: {type(exc).__name__}: {exc}",
-                      provider=info.provider, model=info.id)
-
 
 class _State:
     """Turns chat-completion chunks into stream events."""
@@ -204,27 +199,21 @@ class _State:
             self.current = block
             events.append(start)
         elif not self.b.is_open(block):
-            raise ModelError(
-                f"{self.b.info.provider}:{self.b.info.id}: the server interleaved tool-call "
-                f"fragments (call {key} resumed after another began)",
-                provider=self.b.info.provider, model=self.b.info.id,
-            )
+            raise self.b.origin.error(
+                f"the server interleaved tool-call fragments (call {key} resumed after "
+                "another began)")
         if fn is not None and fn.arguments:
             events.append(self.b.delta(block, fn.arguments))
 
     def finish(self) -> list[StreamEvent]:
         reason = self.finish_reason
-        info = self.b.info
         if reason is None:
             # Every server we know ends a choice with a reason; without one the
             # answer was cut off and must not pass for a complete one.
-            raise TransientProviderError(
-                f"{info.provider}:{info.id}: the stream ended without a finish reason",
-                provider=info.provider, model=info.id)
+            raise self.b.origin.error("the stream ended without a finish reason",
+                                      TransientProviderError)
         if reason == "content_filter":
-            raise ModelError(
-                f"{self.b.info.provider}:{self.b.info.id}: the response was stopped by a "
-                "content filter", provider=self.b.info.provider, model=self.b.info.id)
+            raise self.b.origin.error("the response was stopped by a content filter")
         self.b.stop_reason = _FINISH.get(reason, "stop")
         return self.b.done()
 

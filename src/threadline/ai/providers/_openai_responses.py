@@ -35,7 +35,7 @@ from threadline.ai.providers._common import (
     same_model,
     thinking_as_text,
 )
-from threadline.ai.providers._openai_chat import OpenAIClientModel, translate_openai_error
+from threadline.ai.providers._openai_chat import OpenAIClientModel
 from threadline.errors import ModelError, TransientProviderError
 
 __all__ = ["OpenAIResponsesModel"]
@@ -86,9 +86,6 @@ class OpenAIResponsesModel(OpenAIClientModel):
             body["extra_body"] = dict(options.extra)
         return body
 
-    def _translate(self, exc: Exception) -> ModelError:
-        return translate_openai_error(exc, self._info)
-
 
 class _State:
     """Turns Responses stream events into our stream events."""
@@ -100,7 +97,7 @@ class _State:
         self.final: Any = None
 
     def _fail(self, message: str, code: str | None) -> ModelError:
-        return classify(message, info=self.b.info, code=code)
+        return classify(message, origin=self.b.origin, code=code)
 
     def handle(self, event: Any) -> Iterable[StreamEvent]:
         kind = event.type
@@ -108,32 +105,14 @@ class _State:
         if kind == "response.created":
             b.response_id = event.response.id
         elif kind == "response.output_item.added":
-            item = event.item
-            if item.type == "reasoning":
-                i, start = b.open_thinking()
-            elif item.type == "message":
-                i, start = b.open_text()
-            elif item.type == "function_call":
-                i, start = b.open_tool(f"{item.call_id}|{item.id}", item.name)
-            else:
-                return ()  # hosted tools and other items have no place in our messages
-            self.items[event.output_index] = i
-            return (start,)
+            return self._item_added(event.output_index, event.item)
         elif kind in ("response.output_text.delta", "response.refusal.delta",
                       "response.function_call_arguments.delta", "response.reasoning_text.delta"):
             at = self.items.get(event.output_index)
             if at is not None and event.delta:
                 return (b.delta(at, event.delta),)
         elif kind == "response.reasoning_summary_text.delta":
-            at = self.items.get(event.output_index)
-            if at is not None and event.delta:
-                events: list[StreamEvent] = []
-                last = self.summary_index.get(at)
-                if last is not None and last != event.summary_index:
-                    events.append(b.delta(at, "\n\n"))
-                self.summary_index[at] = event.summary_index
-                events.append(b.delta(at, event.delta))
-                return events
+            return self._summary_delta(event)
         elif kind == "response.output_item.done":
             return self._item_done(event.output_index, event.item)
         elif kind in ("response.completed", "response.incomplete"):
@@ -145,6 +124,31 @@ class _State:
         elif kind == "error":
             raise self._fail(event.message, event.code)
         return ()
+
+    def _item_added(self, output_index: int, item: Any) -> Iterable[StreamEvent]:
+        b = self.b
+        if item.type == "reasoning":
+            i, start = b.open_thinking()
+        elif item.type == "message":
+            i, start = b.open_text()
+        elif item.type == "function_call":
+            i, start = b.open_tool(f"{item.call_id}|{item.id}", item.name)
+        else:
+            return ()  # hosted tools and other items have no place in our messages
+        self.items[output_index] = i
+        return (start,)
+
+    def _summary_delta(self, event: Any) -> Iterable[StreamEvent]:
+        at = self.items.get(event.output_index)
+        if at is None or not event.delta:
+            return ()
+        events: list[StreamEvent] = []
+        last = self.summary_index.get(at)
+        if last is not None and last != event.summary_index:
+            events.append(self.b.delta(at, "\n\n"))  # a new summary part: a new paragraph
+        self.summary_index[at] = event.summary_index
+        events.append(self.b.delta(at, event.delta))
+        return events
 
     def _item_done(self, output_index: int, item: Any) -> Iterable[StreamEvent]:
         i = self.items.get(output_index)
@@ -171,17 +175,14 @@ class _State:
         response = self.final
         b = self.b
         if response is None:
-            raise TransientProviderError(
-                f"{b.info.provider}:{b.info.id}: the stream ended before the response completed",
-                provider=b.info.provider, model=b.info.id)
+            raise b.origin.error("the stream ended before the response completed",
+                                 TransientProviderError)
         if response.usage is not None:
             b.usage = _usage(response.usage)
         if response.status == "incomplete":
             reason = response.incomplete_details and response.incomplete_details.reason
             if reason == "content_filter":
-                raise ModelError(
-                    f"{b.info.provider}:{b.info.id}: the response was stopped by a content "
-                    "filter", provider=b.info.provider, model=b.info.id)
+                raise b.origin.error("the response was stopped by a content filter")
             b.stop_reason = "length"
         return b.done()
 
