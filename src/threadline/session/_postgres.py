@@ -211,7 +211,7 @@ class PostgresStore:
             if self._ready:
                 return
             if self._url is not None:
-                await self._probe(self._url)
+                await self._probe(self._url, session_id)
                 try:
                     await self._pool.open(wait=True, timeout=self._connect_timeout)
                 except (PoolTimeout, psycopg.Error) as exc:
@@ -222,14 +222,15 @@ class PostgresStore:
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
 
-    async def _probe(self, url: str) -> None:
+    async def _probe(self, url: str, session_id: str | None) -> None:
         try:
             conn = await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
         except psycopg.Error as exc:
             # libpq repeats the reason once per address it tried; the first line says it.
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise StoreError(f"{self._where}: cannot connect: {reason}") from exc
+            raise StoreError(f"{self._where}: cannot connect: {reason}",
+                             session_id=session_id) from exc
         async with conn:
             if self._create:
                 return
@@ -238,7 +239,8 @@ class PostgresStore:
             row = await cur.fetchone()
             if row is None or row[0] is None:
                 raise StoreError(f"no threadline store in {self._where}: "
-                                 f"the schema or its tables do not exist")
+                                 f"the schema or its tables do not exist",
+                                 session_id=session_id)
 
     async def _migrate(self, conn: Conn) -> None:
         ident = sql.Identifier(self.schema)
