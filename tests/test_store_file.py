@@ -125,8 +125,9 @@ async def test_s8_session_init_id_is_checked_on_every_open(tmp_path: Path) -> No
         assert info.value.line == 1
         assert info.value.path == str(tmp_path / "beta.jsonl")
     assert (tmp_path / "beta.jsonl").read_bytes() == (tmp_path / "alpha.jsonl").read_bytes()
-    with pytest.raises(CorruptLog):
-        await store.list_sessions()
+    page = await store.list_sessions()
+    assert [r.id for r in page.sessions] == ["alpha"]
+    assert [p.path for p in page.problems] == [str(tmp_path / "beta.jsonl")]
 
 
 async def test_fsync_failure_poisons_the_handle(
@@ -223,8 +224,9 @@ async def test_failed_write_is_undone_and_does_not_poison(
 
 
 async def test_os_errors_become_store_errors(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    (tmp_path / "d.jsonl").mkdir()  # where session "d" should be, something unreadable
+    store = FileStore(tmp_path / "root")
+    (tmp_path / "root").rmdir()
+    (tmp_path / "root").write_bytes(b"")  # the root is now a file: ENOTDIR below it
     with pytest.raises(StoreError) as info:
         await store.load_entries("d")
     assert isinstance(info.value.__cause__, OSError)

@@ -35,7 +35,7 @@ import msgspec
 from threadline.errors import ConfigError, CopyConflict, SessionNotFound
 from threadline.session._codec import encode_entry
 from threadline.session._entries import SessionRecord
-from threadline.session._store import ManagedStore, Store
+from threadline.session._store import CatalogStore, Store
 
 __all__ = ["CopyProgress", "CopyResult", "copy_sessions", "open_store"]
 
@@ -50,7 +50,7 @@ def _redacted(url: str) -> str:
         f":{parts.password}@", ":***@", 1)))
 
 
-def open_store(url: str | os.PathLike[str]) -> ManagedStore:
+def open_store(url: str | os.PathLike[str]) -> CatalogStore:
     """The store a URL (or folder path) names. Raises ``ConfigError`` naming the URL."""
     if isinstance(url, os.PathLike):
         return _file_store(os.fspath(url), {}, str(url))
@@ -130,7 +130,7 @@ def _number(value: str, name: str, shown: str, kind: Callable[[str], Any]) -> An
             from exc
 
 
-def _file_store(path: str, params: dict[str, str], shown: str) -> ManagedStore:
+def _file_store(path: str, params: dict[str, str], shown: str) -> CatalogStore:
     from threadline.session._file import FileStore
 
     durability = params.pop("durability", "fsync")
@@ -141,7 +141,7 @@ def _file_store(path: str, params: dict[str, str], shown: str) -> ManagedStore:
     return FileStore(path, durability="fsync" if durability == "fsync" else "flush")
 
 
-def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) -> ManagedStore:
+def _postgres_store(url: str, parts: Any, params: dict[str, str], shown: str) -> CatalogStore:
     try:
         import psycopg
 

@@ -115,9 +115,9 @@ async def _dispatch(args: argparse.Namespace, console: Console) -> None:
 
 
 async def _list(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.session._store import ManagedStore
+    from threadline.session._store import CatalogStore
 
-    assert isinstance(store, ManagedStore)
+    assert isinstance(store, CatalogStore)
     page = await store.list_sessions(limit=args.limit)
     table = Table("session", "parent", "created", "entries")
     for record in page.sessions:
@@ -190,10 +190,10 @@ async def _fork(store: object, args: argparse.Namespace, console: Console) -> No
 async def _check(store: object, args: argparse.Namespace, console: Console) -> None:
     from threadline.durable._repair import orphaned_results
     from threadline.errors import CorruptLog, SessionNotFound
-    from threadline.session._store import ManagedStore
+    from threadline.session._store import CatalogStore
     from threadline.session._tree import TreeIndex
 
-    assert isinstance(store, ManagedStore)
+    assert isinstance(store, CatalogStore)
     ids: list[str] = list(args.sessions)
     if not ids:
         cursor = None

@@ -79,12 +79,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import secrets
+import stat
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -111,8 +114,14 @@ from threadline.session._entries import (
     SessionRecord,
     _decoding,
 )
-from threadline.session._memory import check_session_id, page_records
-from threadline.session._store import EntryLog, SessionPage
+from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._storekit import (
+    check_limit,
+    check_record,
+    check_session_id,
+    page_sorted,
+    sort_key,
+)
 
 __all__ = ["FileStore", "session_file_name"]
 
@@ -128,6 +137,15 @@ _DEVICE_NAMES = frozenset(
 _INLINE_MAX_ENTRIES = 8
 _MAX_OPEN_FILES = 64  # per store
 _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
+# Never follow a symlink at a session path, and never wait on a FIFO or device
+# there (O_NONBLOCK changes nothing for the regular files that pass the check).
+_OPEN_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# A session_init line holds two ids of at most 1,024 UTF-8 bytes (6x that when
+# escaped) and a timestamp, so 64 KiB bounds every header read; most headers
+# fit in the first, small read.
+_MAX_HEADER = 1 << 16
+_FIRST_READ = 4096
+_INIT_PREFIX = b'{"type":"session_init"'
 
 
 def session_file_name(session_id: str) -> str:
@@ -153,6 +171,49 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Path, flags: int, session_id: str | None) -> tuple[int, os.stat_result]:
+    """Open ``path`` if it is a regular file, never through a symbolic link.
+
+    Anything else at a session path is reported as ``CorruptLog`` without
+    blocking on it (a FIFO) or reading it (a device). ``FileNotFoundError``
+    passes through for the caller to report.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV):
+            of = "" if session_id is None else f" of session {session_id!r}"
+            raise StoreError(f"cannot open {path}{of}: {exc}", session_id=session_id) from exc
+        try:
+            what = _kind(os.lstat(path).st_mode)
+        except OSError:
+            what = "not a regular file"
+        raise CorruptLog(f"not a session log: {what}; the file store opens only regular "
+                         f"files and never follows links", session_id=session_id,
+                         path=str(path)) from exc
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorruptLog(f"not a session log: {_kind(st.st_mode)}; the file store opens only "
+                         f"regular files", session_id=session_id, path=str(path))
+    return fd, st
+
+
 class _OpenLog(NamedTuple):
     """A session file this store opened for appending, first line checked."""
 
@@ -164,7 +225,7 @@ class _OpenLog(NamedTuple):
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
         try:
-            st = os.stat(self.path)
+            st = os.stat(self.path, follow_symlinks=False)
         except FileNotFoundError:
             return -1
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
@@ -224,19 +285,24 @@ class FileStore:
         # Sessions a writer (worker or inline) is busy with -> appends queued behind it.
         self._queues: dict[str, list[_Waiter]] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._catalog: _Catalog | None = None
         weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        # Resolved once: session paths are this directory plus a name with no
+        # separator, opened with O_NOFOLLOW, so no path component after the
+        # root can lead outside it.
+        self._dir = Path(os.path.realpath(self.root))
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.root)!r}, durability={self.durability!r})"
 
     def path_for(self, session_id: str) -> Path:
         """Where ``session_id`` lives (whether or not it exists)."""
-        return self.root / session_file_name(session_id)
+        return self._dir / session_file_name(session_id)
 
     # -- the Store contract ---------------------------------------------------
 
@@ -272,8 +338,19 @@ class FileStore:
         return await self._thread("load", session_id, self._load_session, session_id)
 
     async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
-        records = await self._thread("list", None, self._all_records)
-        return page_records(records, limit=limit, cursor=cursor)
+        """A page of sessions, newest first; files that are not sessions go in ``problems``.
+
+        The first call reads the first line of every ``*.jsonl`` in the root.
+        Later calls reuse what it read while the directory is unchanged (see
+        ``_Catalog``), so paging through costs about one scan in all.
+        """
+        check_limit(limit)
+        after = None if cursor is None else decode_cursor(cursor)
+        catalog = await self._thread("list", None, self._catalog_now)
+        page = page_sorted(catalog.records, limit=limit, after=after, keys=catalog.keys)
+        if cursor is None and catalog.problems:
+            page = msgspec.structs.replace(page, problems=list(catalog.problems))
+        return page
 
     async def delete_session(self, session_id: str) -> None:
         await self._thread("delete", session_id, self._delete, session_id)
@@ -331,29 +408,32 @@ class FileStore:
     def _open(self, session_id: str, flags: int) -> tuple[int, Path]:
         path = self.path_for(session_id)
         try:
-            return os.open(path, flags | os.O_CLOEXEC), path
+            return _open_regular(path, flags, session_id)[0], path
         except FileNotFoundError:
             raise SessionNotFound(session_id, str(self.root)) from None
-        except OSError as exc:
-            raise StoreError(f"cannot open {path}: {exc}", session_id=session_id) from exc
 
     def _read_record(self, fd: int, session_id: str | None, path: Path) -> SessionRecord:
-        """Decode the first line and check it names ``session_id``."""
-        head = b""
-        while True:
-            chunk = os.pread(fd, 1 << 16, len(head))
-            newline = chunk.find(b"\n")
-            if newline >= 0:
-                head += chunk[:newline]
-                break
-            if not chunk:
-                raise CorruptLog("no complete session_init line",
-                                 session_id=session_id, path=str(path), line=1)
-            head += chunk
+        """Decode the first line (one bounded read) and check it names ``session_id``."""
+        head = os.pread(fd, _FIRST_READ, 0)
+        if b"\n" not in head and len(head) == _FIRST_READ:
+            head = os.pread(fd, _MAX_HEADER, 0)
         return self._check_record(head, session_id, path)
 
-    def _check_record(self, line: bytes, session_id: str | None, path: Path) -> SessionRecord:
-        record = decode_init(line, session_id=session_id, path=str(path))
+    def _check_record(self, data: bytes, session_id: str | None, path: Path) -> SessionRecord:
+        """The record in the first line of ``data`` (which may hold more lines).
+
+        Nothing of a file that does not start like a session log is quoted:
+        it may be anything, a secret included.
+        """
+        newline = data.find(b"\n", 0, _MAX_HEADER)
+        if not data.startswith(_INIT_PREFIX):
+            raise CorruptLog("not a session log: the first line is not a session_init object",
+                             session_id=session_id, path=str(path), line=1)
+        if newline < 0:
+            detail = ("no complete session_init line" if len(data) < _MAX_HEADER else
+                      f"the session_init line is longer than {_MAX_HEADER} bytes")
+            raise CorruptLog(detail, session_id=session_id, path=str(path), line=1)
+        record = decode_init(data[:newline], session_id=session_id, path=str(path))
         expected = session_id if session_id is not None else record.id
         if record.id != expected or session_file_name(record.id) != path.name:
             raise CorruptLog(
@@ -363,10 +443,11 @@ class FileStore:
         return record
 
     def _create(self, record: SessionRecord) -> None:
+        check_record(record)
         self._check_writable(record.id)
         path = self.path_for(record.id)
         line = _encode_init(record) + b"\n"
-        tmp = self.root / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
+        tmp = self._dir / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -539,15 +620,22 @@ class FileStore:
             except FileExistsError:
                 n += 1
         try:
-            _write_all(afd, fragment)
-            if self.durability == "fsync":
-                try:
-                    os.fsync(afd)
-                except OSError as exc:
-                    raise self._poison(session_id, f"fsync of {aside} failed", exc) from exc
-        finally:
-            os.close(afd)
-        self._sync_dir(session_id)
+            try:
+                _write_all(afd, fragment)
+                if self.durability == "fsync":
+                    try:
+                        os.fsync(afd)
+                    except OSError as exc:
+                        raise self._poison(session_id, f"fsync of {aside} failed", exc) from exc
+            finally:
+                os.close(afd)
+            self._sync_dir(session_id)
+        except BaseException:
+            # The fragment is still in the session file, untouched: a copy that
+            # failed to land is of no use, and each retry would leave another.
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+            raise
         # The truncation reaches the disk with the append's fdatasync.
         os.ftruncate(fd, cut)
         return cut
@@ -557,11 +645,8 @@ class FileStore:
         with open(fd, "rb", closefd=True) as f:
             fcntl.flock(fd, fcntl.LOCK_SH)
             data = f.read()
+        self._check_record(data, session_id, path)
         first = data.find(b"\n")
-        if first < 0:
-            raise CorruptLog("no complete session_init line",
-                             session_id=session_id, path=str(path), line=1)
-        self._check_record(data[:first], session_id, path)
         end = data.rfind(b"\n") + 1
         diagnostics: list[str] = []
         if end < len(data):
@@ -579,23 +664,53 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def _all_records(self) -> list[SessionRecord]:
-        # No cache: a deleted and re-created session can get the old inode
-        # back, so only reading the first line is sure to be current.
-        records: list[SessionRecord] = []
-        with os.scandir(self.root) as it:
+    def _catalog_now(self) -> _Catalog:
+        now = time.time_ns()  # before the stat: a change after it is stamped later
+        st = os.stat(self._dir)
+        old = self._catalog
+        if old is not None and old.current(st):
+            return old
+        files: dict[str, _Listed] = {}
+        with os.scandir(self._dir) as it:
             for item in it:
                 if not item.name.endswith(SUFFIX) or item.name.startswith("."):
                     continue
-                try:
-                    fd = os.open(item.path, os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    continue  # deleted while we listed
-                try:
-                    records.append(self._read_record(fd, None, Path(item.path)))
-                finally:
-                    os.close(fd)
-        return records
+                known = None if old is None else old.files.get(item.name)
+                listed = self._list_one(item, known)
+                if listed is not None:
+                    files[item.name] = listed
+        catalog = _Catalog(st, now, files)
+        self._catalog = catalog
+        return catalog
+
+    def _list_one(self, item: os.DirEntry[str], known: _Listed | None) -> _Listed | None:
+        """What the file at ``item`` holds: reused from ``known`` if it is surely the same file."""
+        path = Path(item.path)
+        try:
+            if known is not None and known.settled and item.inode() == known.ino:
+                st = os.stat(path, follow_symlinks=False)
+                if st.st_ctime_ns == known.ctime_ns:
+                    return known
+            if not item.is_file(follow_symlinks=False):
+                kind = _kind(os.stat(path, follow_symlinks=False).st_mode)
+                return _Listed(item.inode(), 0, CorruptLog(
+                    f"not a session log: {kind}", path=str(path)))
+            fd, st = _open_regular(path, os.O_RDONLY, None)
+        except FileNotFoundError:
+            return None  # deleted while we listed
+        except CorruptLog as exc:
+            return _Listed(item.inode(), 0, exc)
+        except (OSError, StoreError) as exc:
+            return _Listed(item.inode(), 0, CorruptLog(f"cannot read: {exc}", path=str(path)))
+        try:
+            found: SessionRecord | CorruptLog = self._read_record(fd, None, path)
+        except CorruptLog as exc:
+            found = exc
+        except OSError as exc:
+            found = CorruptLog(f"cannot read: {exc}", path=str(path))
+        finally:
+            os.close(fd)
+        return _Listed(st.st_ino, st.st_ctime_ns, found)
 
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
@@ -617,6 +732,68 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+
+# How long after a change to a directory (or file) its timestamps may still
+# repeat: file systems stamp changes from a clock that ticks in steps, so a
+# change made just after a listing read the directory can carry the very
+# timestamp the listing saw. Timestamps that are whole seconds suggest a file
+# system that keeps no more than seconds.
+_RACY_NS = 50_000_000
+_RACY_COARSE_NS = 2_000_000_000
+
+
+def _settled(stamp_ns: int, seen_at_ns: int) -> bool:
+    """True if a change after ``seen_at_ns`` must give a timestamp other than ``stamp_ns``."""
+    margin = _RACY_COARSE_NS if stamp_ns % 1_000_000_000 == 0 else _RACY_NS
+    return stamp_ns < seen_at_ns - margin
+
+
+class _Listed(NamedTuple):
+    """One ``*.jsonl`` in the root as a listing found it."""
+
+    ino: int
+    ctime_ns: int  # 0: not a session, read again next time
+    found: SessionRecord | CorruptLog
+    settled: bool = False
+
+
+class _Catalog:
+    """What one scan of the root found, and whether it may be served again.
+
+    Creating, deleting or renaming a session changes the directory's mtime,
+    so while the mtime (and the directory itself) is unchanged, no session
+    came or went and the scan still holds. Because a timestamp can repeat
+    for a change made within a clock tick of the scan, a scan is served
+    again only if the mtime it saw is older than that (``_settled``); a
+    busy directory is scanned again on every call. A scan after a change
+    re-reads only files it has not seen, or whose inode or ctime changed
+    (a session deleted and created again may get the old inode back, but not
+    the old ctime); everything else is reused.
+
+    Not noticed: another program rewriting a session file's first line in
+    place. The store never does; the first line is written once.
+    """
+
+    __slots__ = ("dev", "files", "ino", "keys", "mtime_ns", "problems", "records", "reusable")
+
+    def __init__(self, st: os.stat_result, seen_at_ns: int, files: dict[str, _Listed]) -> None:
+        self.dev, self.ino, self.mtime_ns = st.st_dev, st.st_ino, st.st_mtime_ns
+        self.reusable = _settled(st.st_mtime_ns, seen_at_ns)
+        self.files = {
+            name: f._replace(settled=f.ctime_ns != 0 and _settled(f.ctime_ns, seen_at_ns))
+            for name, f in files.items()
+        }
+        records = [f.found for f in files.values() if isinstance(f.found, SessionRecord)]
+        records.sort(key=sort_key)
+        self.records = records
+        self.keys = [sort_key(r) for r in records]
+        self.problems = sorted((f.found for f in files.values()
+                                if isinstance(f.found, CorruptLog)), key=lambda e: e.path or "")
+
+    def current(self, st: os.stat_result) -> bool:
+        return self.reusable and (st.st_dev, st.st_ino, st.st_mtime_ns) == (
+            self.dev, self.ino, self.mtime_ns)
 
 
 _STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()

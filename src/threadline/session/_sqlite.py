@@ -43,16 +43,22 @@ from typing import Any, Literal, TypeVar
 
 from threadline.errors import (
     ConfigError,
-    CorruptLog,
     DurabilityError,
     SessionExists,
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
-from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
-from threadline.session._memory import check_session_id
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._codec import encode_entry
+from threadline.session._entries import Entry, SessionRecord
+from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._storekit import (
+    check_limit,
+    check_record,
+    check_session_id,
+    decode_rows,
+    entry_type,
+    page_fetched,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -102,13 +108,17 @@ def _from_micros(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
+def _record(row: tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(id=row[0], parent_id=row[1], created_at=_from_micros(row[2]))
+
+
 def _is_busy(exc: sqlite3.Error) -> bool:
     name = getattr(exc, "sqlite_errorname", "")
     return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(exc)
 
 
 class SQLiteStore:
-    """A ``ManagedStore`` in one SQLite file.
+    """A ``CatalogStore`` in one SQLite file.
 
     ``path`` is the database file (created with its folder if missing).
     ``synchronous`` is ``"FULL"`` (default, survives power loss) or
@@ -257,7 +267,7 @@ class SQLiteStore:
     # -- the Store contract -----------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
-        sid = check_session_id(record.id)
+        sid = check_record(record)
         created = _to_micros(record.created_at)
 
         def op(conn: sqlite3.Connection) -> None:
@@ -287,18 +297,7 @@ class SQLiteStore:
         rows = await self._call(op)
         if not rows:
             raise SessionNotFound(sid, self.path)
-        log = EntryLog()
-        for seq, data in rows:
-            if seq is None:
-                break  # the LEFT JOIN row of a session with no entries
-            if not isinstance(data, bytes):
-                raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
-                                 session_id=sid, path=self._row(sid, seq))
-            log.append(decode_entry(data, session_id=sid, path=self._row(sid, seq)))
-        return log
-
-    def _row(self, session_id: str, seq: int) -> str:
-        return f"{self.path} table entries row (session_id={session_id!r}, seq={seq})"
+        return decode_rows(rows, sid, self.path)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
@@ -350,11 +349,10 @@ class SQLiteStore:
         row = await self._call(op)
         if row is None:
             raise SessionNotFound(sid, self.path)
-        return SessionRecord(id=row[0], parent_id=row[1], created_at=_from_micros(row[2]))
+        return _record(row)
 
     async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
-        if limit < 1:
-            raise ConfigError(f"list_sessions limit must be >= 1, got {limit}")
+        check_limit(limit)
         after = None if cursor is None else decode_cursor(cursor)
 
         def op(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
@@ -372,11 +370,7 @@ class SQLiteStore:
                 raise self._translate(exc, "list_sessions") from exc
 
         rows = await self._call(op)
-        records = [SessionRecord(id=r[0], parent_id=r[1], created_at=_from_micros(r[2]))
-                   for r in rows[:limit]]
-        more = len(rows) > limit
-        return SessionPage(sessions=records,
-                           next_cursor=encode_cursor(records[-1]) if more else None)
+        return page_fetched([_record(r) for r in rows], limit)
 
     async def delete_session(self, session_id: str) -> None:
         sid = check_session_id(session_id)
@@ -409,10 +403,3 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
-
-
-def entry_type(entry: Entry) -> str:
-    """The ``type`` discriminator an entry encodes with."""
-    if isinstance(entry, OpaqueEntry):
-        return entry.type
-    return str(entry.__struct_config__.tag)
