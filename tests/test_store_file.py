@@ -151,6 +151,8 @@ async def test_fsync_failure_poisons_the_handle(
         await store.append_entries("s", [_msg("refused")])
     with pytest.raises(DurabilityError):
         await store.create_session(SessionRecord(id="t"))
+    with pytest.raises(DurabilityError):
+        await store.delete_session("s")
     assert len(await store.load_entries("s")) == 2  # reads still work
     fresh = FileStore(tmp_path)
     await fresh.append_entries("s", [_msg("after reopen")])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from threadline.ai._messages import UserMessage
-from threadline.errors import ConfigError, CorruptLog, StoreError
+from threadline.errors import ConfigError, CorruptLog, SessionNotFound, StoreError
 from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, TreeIndex
 from threadline.session._sqlite import MIGRATIONS
 from threadline.testing import StoreConformance
@@ -186,7 +186,7 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
 _APPENDER = """
 import asyncio, sys
 from threadline.ai._messages import UserMessage
-from threadline.session import MessageEntry, SQLiteStore
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore
 
 async def main():
     store = SQLiteStore(sys.argv[1])
@@ -232,7 +232,7 @@ _FILE_SIZE_LIMITED = """
 import asyncio, resource, signal, sys
 from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError
-from threadline.session import MessageEntry, SQLiteStore
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore
 
 async def main():
     store = SQLiteStore(sys.argv[1])
@@ -250,12 +250,18 @@ async def main():
         await store.append_entries("s", [MessageEntry(message=UserMessage.of("small"))])
     except DurabilityError:
         print("poisoned", flush=True)
+    for verb, call in (("create", store.create_session(SessionRecord(id="t"))),
+                       ("delete", store.delete_session("s"))):
+        try:
+            await call
+        except DurabilityError:
+            print(verb + "-refused", flush=True)
 
 asyncio.run(main())
 """
 
 
-async def test_failed_write_is_a_durability_error_that_poisons_the_handle(
+async def test_s17_failed_write_poisons_the_handle_for_create_append_and_delete(
     tmp_path: Path
 ) -> None:
     path = tmp_path / "full.db"
@@ -264,10 +270,14 @@ async def test_failed_write_is_a_durability_error_that_poisons_the_handle(
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _FILE_SIZE_LIMITED, str(path), stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
-    acked, cause, poisoned = out.decode().split()
-    assert (cause, poisoned) == ("OperationalError", "poisoned")
+    acked, cause, *refused = out.decode().split()
+    assert cause == "OperationalError"
+    # S17's companion rule: a poisoned handle refuses every write, not just appends.
+    assert refused == ["poisoned", "create-refused", "delete-refused"]
     assert 0 < int(acked) < 100
     # A fresh handle sees every acknowledged append and nothing else.
     assert len(await store.load_entries("s")) == int(acked)
+    with pytest.raises(SessionNotFound):
+        await store.load_session("t")
     await store.append_entries("s", [_entry("the file can grow again")])
     await store.close()

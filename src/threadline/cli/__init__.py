@@ -128,6 +128,8 @@ async def _list(store: object, args: argparse.Namespace, console: Console) -> No
         table.add_row(record.id, record.parent_id or "", f"{record.created_at:%Y-%m-%d %H:%M:%S}",
                       count)
     console.print(table)
+    for problem in page.problems:
+        console.print(f"not a session: {problem}", style="yellow", markup=False)
     if page.next_cursor:
         console.print(f"(more than {args.limit}; use --limit)")
 
@@ -195,15 +197,18 @@ async def _check(store: object, args: argparse.Namespace, console: Console) -> N
 
     assert isinstance(store, CatalogStore)
     ids: list[str] = list(args.sessions)
+    problems = 0
     if not ids:
         cursor = None
         while True:
             page = await store.list_sessions(limit=500, cursor=cursor)
             ids += [r.id for r in page.sessions]
+            for problem in page.problems:
+                problems += 1
+                console.print(f"✗ not a session: {problem}", style="red", markup=False)
             cursor = page.next_cursor
             if cursor is None:
                 break
-    problems = 0
     for sid in ids:
         try:
             entries = await store.load_entries(sid)

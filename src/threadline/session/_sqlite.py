@@ -264,10 +264,17 @@ class SQLiteStore:
         return StoreError(f"{where}: {name or type(exc).__name__}: {exc}",
                           session_id=session_id)
 
+    def _check_writable(self, session_id: str) -> None:
+        if self._poisoned is not None:
+            raise DurabilityError(f"{self.path}: an earlier write failed to be durable; this "
+                                  f"store refuses writes, reopen it", session_id=session_id
+                                  ) from self._poisoned
+
     # -- the Store contract -----------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
         sid = check_record(record)
+        self._check_writable(sid)
         created = _to_micros(record.created_at)
 
         def op(conn: sqlite3.Connection) -> None:
@@ -301,9 +308,7 @@ class SQLiteStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
-        if self._poisoned is not None:
-            raise DurabilityError(f"{self.path}: an earlier write failed to be durable; "
-                                  f"reopen the store", session_id=sid) from self._poisoned
+        self._check_writable(sid)
         rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e)) for e in entries]
 
         def body(conn: sqlite3.Connection) -> None:
@@ -374,6 +379,7 @@ class SQLiteStore:
 
     async def delete_session(self, session_id: str) -> None:
         sid = check_session_id(session_id)
+        self._check_writable(sid)
 
         def body(conn: sqlite3.Connection) -> None:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
