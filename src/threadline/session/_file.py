@@ -101,6 +101,7 @@ from threadline.errors import (
     ConfigError,
     CorruptLog,
     DurabilityError,
+    InvalidSessionId,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -159,6 +160,16 @@ def session_file_name(session_id: str) -> str:
     return "==" + hashlib.sha256(raw).hexdigest() + SUFFIX
 
 
+def _holds(name: str, session_id: str) -> bool:
+    """Whether ``name`` is the file of ``session_id``; False for an id no store keeps."""
+    if _READABLE.fullmatch(session_id) and session_id not in _DEVICE_NAMES:
+        return name == session_id + SUFFIX  # the common case, without the full id check
+    try:
+        return name == session_file_name(session_id)
+    except InvalidSessionId:
+        return False
+
+
 def _fdatasync(fd: int) -> None:
     # macOS has no fdatasync; fsync is the closest it offers.
     getattr(os, "fdatasync", os.fsync)(fd)
@@ -180,7 +191,9 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_regular(path: Path, flags: int, session_id: str | None) -> tuple[int, os.stat_result]:
+def _open_regular(
+    path: str | Path, flags: int, session_id: str | None
+) -> tuple[int, os.stat_result]:
     """Open ``path`` if it is a regular file, never through a symbolic link.
 
     Anything else at a session path is reported as ``CorruptLog`` without
@@ -412,14 +425,16 @@ class FileStore:
         except FileNotFoundError:
             raise SessionNotFound(session_id, str(self.root)) from None
 
-    def _read_record(self, fd: int, session_id: str | None, path: Path) -> SessionRecord:
+    def _read_record(self, fd: int, session_id: str | None, path: str | Path) -> SessionRecord:
         """Decode the first line (one bounded read) and check it names ``session_id``."""
         head = os.pread(fd, _FIRST_READ, 0)
         if b"\n" not in head and len(head) == _FIRST_READ:
             head = os.pread(fd, _MAX_HEADER, 0)
         return self._check_record(head, session_id, path)
 
-    def _check_record(self, data: bytes, session_id: str | None, path: Path) -> SessionRecord:
+    def _check_record(
+        self, data: bytes, session_id: str | None, path: str | Path
+    ) -> SessionRecord:
         """The record in the first line of ``data`` (which may hold more lines).
 
         Nothing of a file that does not start like a session log is quoted:
@@ -435,7 +450,7 @@ class FileStore:
             raise CorruptLog(detail, session_id=session_id, path=str(path), line=1)
         record = decode_init(data[:newline], session_id=session_id, path=str(path))
         expected = session_id if session_id is not None else record.id
-        if record.id != expected or session_file_name(record.id) != path.name:
+        if record.id != expected or not _holds(os.path.basename(path), record.id):
             raise CorruptLog(
                 f"session_init names session {record.id!r}, which does not belong in this file",
                 session_id=session_id, path=str(path), line=1,
@@ -676,16 +691,17 @@ class FileStore:
                 if not item.name.endswith(SUFFIX) or item.name.startswith("."):
                     continue
                 known = None if old is None else old.files.get(item.name)
-                listed = self._list_one(item, known)
+                listed = self._list_one(item, known, now)
                 if listed is not None:
                     files[item.name] = listed
-        catalog = _Catalog(st, now, files)
+        catalog = _Catalog(st, _settled(st.st_mtime_ns, now), files)
         self._catalog = catalog
         return catalog
 
-    def _list_one(self, item: os.DirEntry[str], known: _Listed | None) -> _Listed | None:
+    def _list_one(self, item: os.DirEntry[str], known: _Listed | None,
+                  now: int) -> _Listed | None:
         """What the file at ``item`` holds: reused from ``known`` if it is surely the same file."""
-        path = Path(item.path)
+        path = item.path  # a str: this runs once per file, and Path costs more than the read
         try:
             if known is not None and known.settled and item.inode() == known.ino:
                 st = os.stat(path, follow_symlinks=False)
@@ -693,24 +709,25 @@ class FileStore:
                     return known
             if not item.is_file(follow_symlinks=False):
                 kind = _kind(os.stat(path, follow_symlinks=False).st_mode)
-                return _Listed(item.inode(), 0, CorruptLog(
-                    f"not a session log: {kind}", path=str(path)))
+                return _Listed(item.inode(), CorruptLog(f"not a session log: {kind}", path=path))
             fd, st = _open_regular(path, os.O_RDONLY, None)
         except FileNotFoundError:
             return None  # deleted while we listed
         except CorruptLog as exc:
-            return _Listed(item.inode(), 0, exc)
+            return _Listed(item.inode(), exc)
         except (OSError, StoreError) as exc:
-            return _Listed(item.inode(), 0, CorruptLog(f"cannot read: {exc}", path=str(path)))
+            return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path))
         try:
             found: SessionRecord | CorruptLog = self._read_record(fd, None, path)
         except CorruptLog as exc:
             found = exc
         except OSError as exc:
-            found = CorruptLog(f"cannot read: {exc}", path=str(path))
+            found = CorruptLog(f"cannot read: {exc}", path=path)
         finally:
             os.close(fd)
-        return _Listed(st.st_ino, st.st_ctime_ns, found)
+        # A problem is read again on every scan: it may be mid-repair by its owner.
+        settled = isinstance(found, SessionRecord) and _settled(st.st_ctime_ns, now)
+        return _Listed(st.st_ino, found, st.st_ctime_ns, settled)
 
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
@@ -753,9 +770,9 @@ class _Listed(NamedTuple):
     """One ``*.jsonl`` in the root as a listing found it."""
 
     ino: int
-    ctime_ns: int  # 0: not a session, read again next time
     found: SessionRecord | CorruptLog
-    settled: bool = False
+    ctime_ns: int = 0
+    settled: bool = False  # reusable while its inode and ctime stay the same
 
 
 class _Catalog:
@@ -777,17 +794,14 @@ class _Catalog:
 
     __slots__ = ("dev", "files", "ino", "keys", "mtime_ns", "problems", "records", "reusable")
 
-    def __init__(self, st: os.stat_result, seen_at_ns: int, files: dict[str, _Listed]) -> None:
+    def __init__(self, st: os.stat_result, reusable: bool, files: dict[str, _Listed]) -> None:
         self.dev, self.ino, self.mtime_ns = st.st_dev, st.st_ino, st.st_mtime_ns
-        self.reusable = _settled(st.st_mtime_ns, seen_at_ns)
-        self.files = {
-            name: f._replace(settled=f.ctime_ns != 0 and _settled(f.ctime_ns, seen_at_ns))
-            for name, f in files.items()
-        }
-        records = [f.found for f in files.values() if isinstance(f.found, SessionRecord)]
-        records.sort(key=sort_key)
-        self.records = records
-        self.keys = [sort_key(r) for r in records]
+        self.reusable = reusable
+        self.files = files
+        keyed = sorted((sort_key(f.found), f.found) for f in files.values()
+                       if isinstance(f.found, SessionRecord))
+        self.keys = [k for k, _ in keyed]  # unique (ids are), so records are never compared
+        self.records = [r for _, r in keyed]
         self.problems = sorted((f.found for f in files.values()
                                 if isinstance(f.found, CorruptLog)), key=lambda e: e.path or "")
 
