@@ -234,6 +234,7 @@ class _OpenLog(NamedTuple):
     dev: int
     ino: int
     path: Path
+    known: _KnownIds
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
@@ -244,13 +245,71 @@ class _OpenLog(NamedTuple):
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
 
 
-class _Waiter:
+class _KnownIds:
+    """The entry ids in a session file up to ``size`` (a line boundary).
+
+    The duplicate-id rule needs them under the append lock. Reading them
+    costs one pass over the file when the store opens it for appending;
+    later appends read only the lines other writers added since.
+    """
+
+    __slots__ = ("ids", "size")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.size = 0
+
+    def catch_up(self, fd: int, size: int) -> None:
+        """Learn the ids of the complete lines up to ``size``."""
+        if size < self.size:  # cut shorter by someone else: start over
+            self.ids.clear()
+            self.size = 0
+        if size == self.size:
+            return
+        data = os.pread(fd, size - self.size, self.size)
+        end = data.rfind(b"\n") + 1
+        start = data.find(b"\n") + 1 if self.size == 0 else 0  # line 1 is session_init
+        if start < end:
+            self.ids.update(_ids_in(memoryview(data)[start:end]))
+        self.size += end
+
+
+class _IdOnly(msgspec.Struct, gc=False):
+    id: Any = None
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+def _ids_in(lines: memoryview) -> list[str]:
+    try:
+        found = [e.id for e in _id_decoder.decode_lines(lines)]
+    except msgspec.DecodeError:  # a damaged line has no id to clash with
+        found = []
+        for line in bytes(lines).split(b"\n"):
+            with contextlib.suppress(msgspec.DecodeError):
+                found.append(_id_decoder.decode(line).id)
+    return [i for i in found if isinstance(i, str)]
+
+
+class _Batch:
+    """One ``append_entries`` call's lines, and why it was refused, if it was."""
+
+    __slots__ = ("data", "ids", "refused")
+
+    def __init__(self, data: bytes, ids: Sequence[str]) -> None:
+        self.data = data
+        self.ids = ids
+        self.refused: StoreError | None = None
+
+
+class _Waiter(_Batch):
     """An ``append_entries`` call waiting for the write that includes its lines."""
 
-    __slots__ = ("data", "future", "loop")
+    __slots__ = ("future", "loop")
 
-    def __init__(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.data = data
+    def __init__(self, data: bytes, ids: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(data, ids)
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
@@ -299,6 +358,8 @@ class FileStore:
         self._queues: dict[str, list[_Waiter]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._catalog: _Catalog | None = None
+        # Entry ids of sessions loaded but not open for appending (see _KnownIds).
+        self._loaded_ids: dict[str, tuple[int, int, _KnownIds]] = {}
         weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
         try:
@@ -331,11 +392,14 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
+        ids = [e.id for e in entries]
+        if len(set(ids)) < len(ids):
+            raise _repeats(session_id, self.path_for(session_id), "within the batch")
         data = encode_entries(entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, data)):
+                and self._write_inline(session_id, _Batch(data, ids))):
             return
-        waiter = _Waiter(data, asyncio.get_running_loop())
+        waiter = _Waiter(data, ids, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is not None:
@@ -492,7 +556,7 @@ class FileStore:
         while group:
             error: BaseException | None = None
             try:
-                log = self._write(session_id, log, b"".join(w.data for w in group))
+                log = self._write(session_id, log, group)
             except Exception as exc:
                 error, log = exc, None
             with self._lock:
@@ -500,7 +564,7 @@ class FileStore:
             # Waking callers last: the woken event loop then does not wait for
             # this thread to let go of the GIL.
             for waiter in done:
-                waiter.settle(error)
+                waiter.settle(error or waiter.refused)
 
     def _next_group(
         self, session_id: str, log: _OpenLog | None, *, inline: bool = False
@@ -527,7 +591,7 @@ class FileStore:
         self._queues[session_id] = []
         return group, self._logs.pop(session_id, None)
 
-    def _write_inline(self, session_id: str, data: bytes) -> bool:
+    def _write_inline(self, session_id: str, batch: _Batch) -> bool:
         """Append in the caller's thread, unless a writer is busy with the session.
 
         Without fsync a small append is a few microseconds of system calls,
@@ -541,10 +605,12 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, log, data)
+            kept = self._write(session_id, log, [batch])
         finally:
             with self._lock:
                 self._next_group(session_id, kept, inline=True)
+        if batch.refused is not None:
+            raise batch.refused
         return True
 
     def _open_log(self, session_id: str, path: Path) -> _OpenLog:
@@ -557,12 +623,18 @@ class FileStore:
         except BaseException:
             os.close(fd)
             raise
-        return _OpenLog(fd, st.st_dev, st.st_ino, path)
+        with self._lock:
+            loaded = self._loaded_ids.pop(session_id, None)
+        known = loaded[2] if loaded and loaded[:2] == (st.st_dev, st.st_ino) else _KnownIds()
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known)
 
-    def _write(self, session_id: str, log: _OpenLog | None, data: bytes) -> _OpenLog:
-        """Append ``data`` under the file lock; return the file, still open.
+    def _write(self, session_id: str, log: _OpenLog | None,
+               batches: Sequence[_Batch]) -> _OpenLog:
+        """Append the batches under the file lock; return the file, still open.
 
-        ``log`` is a file this store opened before, or None. On error it is closed.
+        A batch repeating an id already in the file (or in an earlier batch of
+        the group) is left out and marked ``refused``. ``log`` is a file this
+        store opened before, or None. On error it is closed.
         """
         try:
             self._check_writable(session_id)
@@ -579,8 +651,10 @@ class FileStore:
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
+            data = self._admit(log, size, batches, session_id)
             if data:
-                self._append_locked(log.fd, size, data, path, session_id)
+                end = self._append_locked(log.fd, size, data, path, session_id)
+                log.known.size = end
             fcntl.flock(log.fd, fcntl.LOCK_UN)
             return log
         except BaseException as exc:
@@ -591,8 +665,23 @@ class FileStore:
                                  f"{exc}", session_id=session_id) from exc
             raise
 
+    def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
+               session_id: str) -> bytes:
+        """The lines of the batches that repeat no id; the ids become known."""
+        known = log.known
+        known.catch_up(log.fd, size)
+        admitted = []
+        for batch in batches:
+            if known.ids.isdisjoint(batch.ids):
+                known.ids.update(batch.ids)
+                admitted.append(batch.data)
+            else:
+                batch.refused = _repeats(session_id, log.path, "already in the session")
+        return b"".join(admitted)
+
     def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
-                       session_id: str) -> None:
+                       session_id: str) -> int:
+        """Write ``data`` after repairing a torn tail; the file's new size."""
         size = self._repair_tail(fd, size, path, session_id)
         try:
             _write_all(fd, data)
@@ -612,6 +701,7 @@ class FileStore:
                 _fdatasync(fd)
             except OSError as exc:
                 raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
+        return size + len(data)
 
     def _repair_tail(self, fd: int, size: int, path: Path, session_id: str) -> int:
         """Make the file end at a newline; return its size."""
@@ -660,6 +750,7 @@ class FileStore:
         with open(fd, "rb", closefd=True) as f:
             fcntl.flock(fd, fcntl.LOCK_SH)
             data = f.read()
+            st = os.fstat(fd)
         self._check_record(data, session_id, path)
         first = data.find(b"\n")
         end = data.rfind(b"\n") + 1
@@ -670,7 +761,21 @@ class FileStore:
                 f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
                 f"with no newline), left by an append that did not finish"
             )
-        return EntryLog(_decode_body(data, first + 1, end, session_id, path), diagnostics)
+        entries = _decode_body(data, first + 1, end, session_id, path)
+        self._remember_ids(session_id, st, end, entries)
+        return EntryLog(entries, diagnostics)
+
+    def _remember_ids(self, session_id: str, st: os.stat_result, size: int,
+                      entries: Sequence[Entry]) -> None:
+        """Keep a load's ids, so that the next append need not read the file for them."""
+        known = _KnownIds()
+        known.ids.update(e.id for e in entries)
+        known.size = size
+        with self._lock:
+            self._loaded_ids.pop(session_id, None)
+            self._loaded_ids[session_id] = (st.st_dev, st.st_ino, known)
+            if len(self._loaded_ids) > _MAX_OPEN_FILES:
+                del self._loaded_ids[next(iter(self._loaded_ids))]
 
     def _load_session(self, session_id: str) -> SessionRecord:
         fd, path = self._open(session_id, os.O_RDONLY)
@@ -733,6 +838,7 @@ class FileStore:
         self._check_writable(session_id)
         with self._lock:
             cached = self._logs.pop(session_id, None)
+            self._loaded_ids.pop(session_id, None)
         if cached is not None:
             os.close(cached.fd)
         fd, path = self._open(session_id, os.O_RDONLY)
@@ -808,6 +914,11 @@ class _Catalog:
     def current(self, st: os.stat_result) -> bool:
         return self.reusable and (st.st_dev, st.st_ino, st.st_mtime_ns) == (
             self.dev, self.ino, self.mtime_ns)
+
+
+def _repeats(session_id: str, path: Path, where: str) -> StoreError:
+    return StoreError(f"{path}: append to session {session_id!r} repeats an entry id {where}; "
+                      f"nothing was appended", session_id=session_id)
 
 
 _STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()
