@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import shutil
 import threading
@@ -29,24 +28,34 @@ from threadline.session import _file as file_module
 from threadline.session._codec import encode_entries, encode_init
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
-from threadline.testing import StoreConformance, StoreOpener, sample_entries
+from threadline.testing import StoreConformance, sample_entries
 from threadline.testing._conformance import check_concurrent_log
 
 
-class TestFileStore(StoreConformance):
+class FileHooks(StoreConformance):
+    """The conformance hooks that reach into session files."""
+
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        assert isinstance(store, FileStore)
+        _append_raw(store.path_for(session_id), data + b"\n")
+
+    async def write_format_version(self, store: Store, session_id: str, version: int) -> None:
+        assert isinstance(store, FileStore)
+        path = store.path_for(session_id)
+        head, rest = path.read_bytes().split(b"\n", 1)
+        init = msgspec.json.decode(head)
+        init["version"] = version
+        path.write_bytes(msgspec.json.encode(init) + b"\n" + rest)
+
+
+class TestFileStore(FileHooks):
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions")
 
-    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return functools.partial(FileStore, str(tmp_path / "sessions"))
 
-
-class TestFileStoreFlush(StoreConformance):
+class TestFileStoreFlush(FileHooks):
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions", durability="flush")
-
-    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return functools.partial(FileStore, str(tmp_path / "sessions"), durability="flush")
 
 
 def _names(root: Path) -> list[str]:
