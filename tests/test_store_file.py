@@ -32,16 +32,21 @@ from threadline.testing import StoreConformance, sample_entries
 from threadline.testing._conformance import check_concurrent_log
 
 
+def _files_of(store: object) -> FileStore:
+    """The FileStore itself, or the one a test wrapper (``.inner``) delegates to."""
+    files = getattr(store, "inner", store)
+    assert isinstance(files, FileStore)
+    return files
+
+
 class FileHooks(StoreConformance):
     """The conformance hooks that reach into session files."""
 
     async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
-        assert isinstance(store, FileStore)
-        _append_raw(store.path_for(session_id), data + b"\n")
+        _append_raw(_files_of(store).path_for(session_id), data + b"\n")
 
     async def write_format_version(self, store: Store, session_id: str, version: int) -> None:
-        assert isinstance(store, FileStore)
-        path = store.path_for(session_id)
+        path = _files_of(store).path_for(session_id)
         head, rest = path.read_bytes().split(b"\n", 1)
         init = msgspec.json.decode(head)
         init["version"] = version
