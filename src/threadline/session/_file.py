@@ -14,6 +14,13 @@ a case-insensitive or Unicode-normalising file system. The id stored in the
 first line is checked whenever the store opens a file (for appends: when it
 opens the descriptor it keeps, see below).
 
+Only regular files inside the root (S17): session files are opened with
+``O_NOFOLLOW | O_NONBLOCK`` under the root resolved once, and anything but a
+regular file is a ``CorruptLog``. A first line is read with one bounded read,
+and nothing of a file that does not start like a session log is quoted. A
+hard link is the same file under another name; docs/design.md says what
+follows from that.
+
 Writes:
 
 - ``create_session`` writes the first line to a temporary file, fsyncs it and
@@ -22,7 +29,10 @@ Writes:
   seen half-created. The directory is fsynced.
 - ``append_entries`` takes an exclusive ``flock`` on the file. If the last
   line has no newline (a writer died mid-write), the fragment is copied to
-  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline. All
+  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline; a
+  copy that fails is removed again. A batch that repeats an entry id of the
+  file is refused (the ids come from the last load on this store, or one
+  read of the file, plus the lines other writers added, read under the lock). All
   lines then go out in one ``os.write`` (short writes are continued), then
   ``fdatasync``, then the lock is released.
 - A failed fsync is never retried: the kernel may have dropped the dirty
