@@ -2,8 +2,12 @@
 
 psycopg 3 (async) over a psycopg-pool ``AsyncConnectionPool``. The tables live
 in their own schema (``threadline`` unless told otherwise) and every primary
-key and index starts with ``session_id``, so the tables can be distributed by
-``session_id`` (Citus-style) without a change.
+key and unique key starts with ``session_id``, so the tables can be
+distributed by ``session_id`` (Citus-style) without a change. The one other
+index, ``sessions_newest`` on ``(created_at DESC, session_id DESC)``, serves
+``list_sessions``: on a distributed table every shard has it, answers the
+keyset query for its own sessions, and the coordinator merges the shards'
+first pages (``bench/pg_listing.py`` measures it at 100,000 sessions).
 
 Append order across processes: each session row carries a ``next_seq``
 counter. An append bumps it and inserts its entries numbered below the new
@@ -82,6 +86,16 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
             PRIMARY KEY (session_id, seq),
             UNIQUE (session_id, entry_id)
         );
+        """,
+    ),
+    (
+        2,
+        # list_sessions reads the newest records in key order from here
+        # instead of sorting the whole table. Not unique, so it need not
+        # start with session_id: on a table distributed by session_id each
+        # shard keeps its own copy and answers "newest n" from it.
+        """
+        CREATE INDEX sessions_newest ON {s}.sessions (created_at DESC, session_id DESC);
         """,
     ),
 )
