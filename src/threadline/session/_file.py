@@ -151,6 +151,7 @@ _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 
 # Never follow a symlink at a session path, and never wait on a FIFO or device
 # there (O_NONBLOCK changes nothing for the regular files that pass the check).
 _OPEN_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_LIST_FLAGS = os.O_RDONLY | _OPEN_FLAGS
 # A session_init line holds two ids of at most 1,024 UTF-8 bytes (6x that when
 # escaped) and a timestamp, so 64 KiB bounds every header read; most headers
 # fit in the first, small read.
@@ -825,23 +826,29 @@ class FileStore:
             if not item.is_file(follow_symlinks=False):
                 kind = _kind(os.stat(path, follow_symlinks=False).st_mode)
                 return _Listed(item.inode(), CorruptLog(f"not a session log: {kind}", path=path))
-            fd, st = _open_regular(path, os.O_RDONLY, None)
+            # _open_regular and _read_record, inlined: this is the listing's floor.
+            fd = os.open(path, _LIST_FLAGS)
+            try:
+                st = os.fstat(fd)
+                head = os.pread(fd, _FIRST_READ, 0) if stat.S_ISREG(st.st_mode) else None
+                if head is not None and len(head) == _FIRST_READ and b"\n" not in head:
+                    head = os.pread(fd, _MAX_HEADER, 0)
+            finally:
+                os.close(fd)
+            if head is None:
+                raise CorruptLog(f"not a session log: {_kind(st.st_mode)}", path=path)
         except FileNotFoundError:
             return None  # deleted while we listed
         except CorruptLog as exc:
             return _Listed(item.inode(), exc)
-        except (OSError, StoreError) as exc:
+        except OSError as exc:
             return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path))
         try:
-            found: SessionRecord | CorruptLog = self._read_record(fd, None, path)
+            found: SessionRecord | CorruptLog = self._check_record(head, None, path)
         except CorruptLog as exc:
             found = exc
-        except OSError as exc:
-            found = CorruptLog(f"cannot read: {exc}", path=path)
-        finally:
-            os.close(fd)
         # A problem is read again on every scan: it may be mid-repair by its owner.
-        settled = isinstance(found, SessionRecord) and _settled(st.st_ctime_ns, now)
+        settled = type(found) is SessionRecord and _settled(st.st_ctime_ns, now)
         return _Listed(st.st_ino, found, st.st_ctime_ns, settled)
 
     def _delete(self, session_id: str) -> None:
@@ -882,13 +889,17 @@ def _settled(stamp_ns: int, seen_at_ns: int) -> bool:
     return stamp_ns < seen_at_ns - margin
 
 
-class _Listed(NamedTuple):
-    """One ``*.jsonl`` in the root as a listing found it."""
+class _Listed:
+    """One ``*.jsonl`` in the root as a listing found it (a plain class: cheaper to make)."""
 
-    ino: int
-    found: SessionRecord | CorruptLog
-    ctime_ns: int = 0
-    settled: bool = False  # reusable while its inode and ctime stay the same
+    __slots__ = ("ctime_ns", "found", "ino", "settled")
+
+    def __init__(self, ino: int, found: SessionRecord | CorruptLog, ctime_ns: int = 0,
+                 settled: bool = False) -> None:
+        self.ino = ino
+        self.found = found
+        self.ctime_ns = ctime_ns
+        self.settled = settled  # reusable while its inode and ctime stay the same
 
 
 class _Catalog:

@@ -38,7 +38,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from threadline.errors import (
@@ -57,14 +57,14 @@ from threadline.session._storekit import (
     check_session_id,
     decode_rows,
     entry_type,
+    from_micros,
     page_fetched,
+    to_micros,
 )
 
 __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Longest single wait inside SQLite's busy handler; see the module docstring.
 _BUSY_SLICE = 0.005
@@ -98,18 +98,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
 _DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
-def _to_micros(dt: datetime) -> int:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)  # naive times are taken as UTC, as in the codec
-    return (dt - _EPOCH) // timedelta(microseconds=1)
-
-
-def _from_micros(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
 def _record(row: tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(id=row[0], parent_id=row[1], created_at=_from_micros(row[2]))
+    return SessionRecord(id=row[0], parent_id=row[1], created_at=from_micros(row[2]))
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -275,7 +265,7 @@ class SQLiteStore:
     async def create_session(self, record: SessionRecord) -> None:
         sid = check_record(record)
         self._check_writable(sid)
-        created = _to_micros(record.created_at)
+        created = to_micros(record.created_at)
 
         def op(conn: sqlite3.Connection) -> None:
             try:
@@ -368,7 +358,7 @@ class SQLiteStore:
             else:
                 sql = ("SELECT id, parent_id, created_at FROM sessions "
                        "WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?")
-                args = (_to_micros(after[0]), after[1], limit + 1)
+                args = (to_micros(after[0]), after[1], limit + 1)
             try:
                 return self._retry_busy(lambda: conn.execute(sql, args).fetchall())
             except sqlite3.Error as exc:
