@@ -83,6 +83,24 @@ async def test_s17_symlink_to_a_session_outside_the_root_is_not_followed(
     assert [p.path for p in page.problems] == [str(root.path_for("s"))]
 
 
+async def test_s17_the_root_is_resolved_once(tmp_path: Path) -> None:
+    # A root given through a link is followed when the store is made; swapping
+    # the link later does not move the store into another directory.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "root").symlink_to(tmp_path / "a")
+    store = FileStore(tmp_path / "root")
+    await store.create_session(SessionRecord(id="s"))
+    other = FileStore(tmp_path / "b")
+    await other.create_session(SessionRecord(id="s", parent_id="in b"))
+    (tmp_path / "root").unlink()
+    (tmp_path / "root").symlink_to(tmp_path / "b")
+    await store.append_entries("s", [_msg("stays in a")])
+    assert (await store.load_session("s")).parent_id is None
+    assert len(await other.load_entries("s")) == 0
+    assert store.path_for("s") == (tmp_path / "a" / "s.jsonl").resolve()
+
+
 async def test_s17_foreign_file_contents_are_never_quoted(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "root")
     secret = tmp_path / "secret.txt"
