@@ -181,6 +181,11 @@ def _holds(name: str, session_id: str) -> bool:
         return False
 
 
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: escaped, and cut if long."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
 def _fdatasync(fd: int) -> None:
     # macOS has no fdatasync; fsync is the closest it offers.
     getattr(os, "fdatasync", os.fsync)(fd)
@@ -527,7 +532,8 @@ class FileStore:
         expected = session_id if session_id is not None else record.id
         if record.id != expected or not _holds(os.path.basename(path), record.id):
             raise CorruptLog(
-                f"session_init names session {record.id!r}, which does not belong in this file",
+                f"session_init names session {_short(record.id)}, which does not belong in "
+                f"this file",
                 session_id=session_id, path=str(path), line=1,
             )
         return record
