@@ -1,5 +1,8 @@
 """The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
 
+Each test checks one rule of docs/writing-a-store.md (the Store contract);
+the page names the test for each rule.
+
 Subclass ``StoreConformance`` in a test module and give it a factory::
 
     from pathlib import Path
