@@ -825,37 +825,31 @@ class FileStore:
         """What the file at ``item`` holds: reused from ``known`` if it is surely the same file."""
         path = item.path  # a str: this runs once per file, and Path costs more than the read
         try:
-            if known is not None and known.settled and item.inode() == known.ino:
-                st = os.stat(path, follow_symlinks=False)
-                if st.st_ctime_ns == known.ctime_ns:
-                    return known
+            if known is not None and known.still(item):
+                return known
             if not item.is_file(follow_symlinks=False):
                 kind = _kind(os.stat(path, follow_symlinks=False).st_mode)
-                return _Listed(item.inode(), CorruptLog(f"not a session log: {kind}", path=path))
-            # _open_regular and _read_record, inlined: this is the listing's floor.
+                return _Listed(item.inode(), CorruptLog(f"not a session log: {kind}", path=path),
+                               now)
+            # The directory entry said "regular file", and O_NONBLOCK keeps a
+            # file swapped for a FIFO since from blocking us (its pread then
+            # fails); no fstat here, it was a tenth of the listing's cost.
             fd = os.open(path, _LIST_FLAGS)
             try:
-                st = os.fstat(fd)
-                head = os.pread(fd, _FIRST_READ, 0) if stat.S_ISREG(st.st_mode) else None
-                if head is not None and len(head) == _FIRST_READ and b"\n" not in head:
+                head = os.pread(fd, _FIRST_READ, 0)
+                if len(head) == _FIRST_READ and b"\n" not in head:
                     head = os.pread(fd, _MAX_HEADER, 0)
             finally:
                 os.close(fd)
-            if head is None:
-                raise CorruptLog(f"not a session log: {_kind(st.st_mode)}", path=path)
         except FileNotFoundError:
             return None  # deleted while we listed
-        except CorruptLog as exc:
-            return _Listed(item.inode(), exc)
         except OSError as exc:
-            return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path))
+            return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path), now)
         try:
             found: SessionRecord | CorruptLog = self._check_record(head, None, path)
         except CorruptLog as exc:
             found = exc
-        # A problem is read again on every scan: it may be mid-repair by its owner.
-        settled = type(found) is SessionRecord and _settled(st.st_ctime_ns, now)
-        return _Listed(st.st_ino, found, st.st_ctime_ns, settled)
+        return _Listed(item.inode(), found, now)
 
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
@@ -898,14 +892,23 @@ def _settled(stamp_ns: int, seen_at_ns: int) -> bool:
 class _Listed:
     """One ``*.jsonl`` in the root as a listing found it (a plain class: cheaper to make)."""
 
-    __slots__ = ("ctime_ns", "found", "ino", "settled")
+    __slots__ = ("found", "ino", "seen_at")
 
-    def __init__(self, ino: int, found: SessionRecord | CorruptLog, ctime_ns: int = 0,
-                 settled: bool = False) -> None:
+    def __init__(self, ino: int, found: SessionRecord | CorruptLog, seen_at: int) -> None:
         self.ino = ino
         self.found = found
-        self.ctime_ns = ctime_ns
-        self.settled = settled  # reusable while its inode and ctime stay the same
+        self.seen_at = seen_at  # time.time_ns() before the scan that read it
+
+    def still(self, item: os.DirEntry[str]) -> bool:
+        """Whether the file at ``item`` is surely the one read, unchanged since.
+
+        Same inode, and a ctime a tick older than the read: any change to the
+        file after the read (or a new file that got the old inode back)
+        would carry a later ctime.
+        """
+        return (type(self.found) is SessionRecord and item.inode() == self.ino
+                and _settled(os.stat(item.path, follow_symlinks=False).st_ctime_ns,
+                             self.seen_at))
 
 
 class _Catalog:
@@ -917,9 +920,10 @@ class _Catalog:
     for a change made within a clock tick of the scan, a scan is served
     again only if the mtime it saw is older than that (``_settled``); a
     busy directory is scanned again on every call. A scan after a change
-    re-reads only files it has not seen, or whose inode or ctime changed
-    (a session deleted and created again may get the old inode back, but not
-    the old ctime); everything else is reused.
+    re-reads only files it has not seen, and files whose inode changed or
+    whose ctime is not a tick older than the scan that read them (a session
+    deleted and created again may get the old inode back, but not an old
+    ctime); everything else is reused.
 
     Not noticed: another program rewriting a session file's first line in
     place. The store never does; the first line is written once.
