@@ -228,7 +228,7 @@ async def test_every_unique_key_starts_with_session_id(pg_url: str, pg_schema: s
         ("sessions_newest", "created_at")]
 
 
-async def test_s18_list_sessions_reads_the_index_in_order(pg_url: str, pg_schema: str) -> None:
+async def test_list_sessions_reads_the_index_in_order(pg_url: str, pg_schema: str) -> None:
     async with PostgresStore(pg_url, schema=pg_schema) as store:
         await store.create_session(SessionRecord(id="s"))
         _rows(pg_url, f"INSERT INTO {pg_schema}.sessions (session_id, created_at) "
