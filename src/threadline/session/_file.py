@@ -31,8 +31,9 @@ Writes:
   line has no newline (a writer died mid-write), the fragment is copied to
   ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline; a
   copy that fails is removed again. A batch that repeats an entry id of the
-  file is refused (the ids come from the last load on this store, or one
-  read of the file, plus the lines other writers added, read under the lock). All
+  file is refused (the ids come from a recent load on this store, or one
+  read of the file, plus the lines other writers added, read under the lock;
+  an open file keeps its ids in memory, about 90 bytes per entry). All
   lines then go out in one ``os.write`` (short writes are continued), then
   ``fdatasync``, then the lock is released.
 - A failed fsync is never retried: the kernel may have dropped the dirty
@@ -147,6 +148,9 @@ _DEVICE_NAMES = frozenset(
 )
 _INLINE_MAX_ENTRIES = 8
 _MAX_OPEN_FILES = 64  # per store
+# Loads whose ids are kept for a following append (about 90 bytes per entry):
+# enough for "open a session, then append to it", little for a reader of many.
+_MAX_LOADED_IDS = 8
 _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
 # Never follow a symlink at a session path, and never wait on a FIFO or device
 # there (O_NONBLOCK changes nothing for the regular files that pass the check).
@@ -791,7 +795,7 @@ class FileStore:
         with self._lock:
             self._loaded_ids.pop(session_id, None)
             self._loaded_ids[session_id] = (st.st_dev, st.st_ino, known)
-            if len(self._loaded_ids) > _MAX_OPEN_FILES:
+            if len(self._loaded_ids) > _MAX_LOADED_IDS:
                 del self._loaded_ids[next(iter(self._loaded_ids))]
 
     def _load_session(self, session_id: str) -> SessionRecord:
