@@ -511,3 +511,24 @@ def test_s4_one_store_shared_by_threads_with_their_own_event_loops(tmp_path: Pat
     for t in threads:
         t.join()
     check_concurrent_log(asyncio.run(store.load_entries("s")), list(acknowledged.values()))
+
+
+async def test_s8_a_refused_call_in_a_group_commit_fails_alone(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    first = _msg("first")
+    await store.append_entries("s", [first])
+    good = [[_msg(f"good {n}")] for n in range(6)]
+    repeat = msgspec.structs.replace(first, message=UserMessage.of("again"))
+    results = await asyncio.gather(
+        *(store.append_entries("s", batch) for batch in good[:3]),
+        store.append_entries("s", [_msg("with it"), repeat]),
+        *(store.append_entries("s", batch) for batch in good[3:]),
+        return_exceptions=True)
+    assert [type(r) for r in results] == [type(None)] * 3 + [StoreError] + [type(None)] * 3
+    loaded = [e.id for e in await store.load_entries("s")]
+    assert loaded[0] == first.id and sorted(loaded[1:]) == sorted(b[0].id for b in good)
+    # Another handle (another process, in effect) learns the ids from the file.
+    other = FileStore(tmp_path)
+    with pytest.raises(StoreError, match="repeats an entry id"):
+        await other.append_entries("s", [good[4][0]])
