@@ -21,6 +21,11 @@ Prints a table and writes bench/results/store.json.
   (``Decoder.decode_lines``, same types) with the garbage collector paused.
 - memory: peak and retained Python allocations (tracemalloc) of the load,
   against the file size.
+- list: 10,000 sessions (a first line and two entries each). The first page
+  (limit 50) and a full pagination (limit 50, 200 pages) on a fresh
+  ``FileStore``, against one ``os.scandir`` of the root plus one open +
+  first-line read + close per file. Also the first page after another handle
+  created one more session (the listing re-scans, re-reading only new files).
 """
 
 from __future__ import annotations
@@ -290,6 +295,83 @@ def bench_open(root: Path, n: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _list_floor(root: Path) -> int:
+    found = 0
+    with os.scandir(root) as it:
+        for item in it:
+            if item.name.endswith(".jsonl"):
+                fd = os.open(item.path, os.O_RDONLY)
+                try:
+                    found += os.pread(fd, 4096, 0).find(b"\n") > 0
+                finally:
+                    os.close(fd)
+    return found
+
+
+def bench_list(root: Path, n: int, repeats: int) -> dict[str, Any]:
+    root = root / "listing"
+    store = FileStore(root, durability="flush")
+
+    async def fill() -> None:
+        for start in range(0, n, 500):
+            ids = [f"session-{i:06d}" for i in range(start, min(n, start + 500))]
+            await asyncio.gather(*(store.create_session(SessionRecord(id=i)) for i in ids))
+
+    asyncio.run(fill())
+    body = encode_entries(realistic_entries(2))
+    for item in os.scandir(root):
+        with open(item.path, "ab") as f:
+            f.write(body)
+    time.sleep(0.2)  # let the directory's mtime settle (see FileStore's _Catalog)
+
+    async def first_page() -> int:
+        return len((await FileStore(root).list_sessions(limit=50)).sessions)
+
+    async def all_pages() -> int:
+        fresh, cursor, seen = FileStore(root), None, 0
+        while True:
+            page = await fresh.list_sessions(limit=50, cursor=cursor)
+            seen += len(page.sessions)
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    async def after_create(k: int) -> int:
+        reader = FileStore(root)
+        await reader.list_sessions(limit=50)
+        await store.create_session(SessionRecord(id=f"late-{k}"))
+        started = time.perf_counter()
+        await reader.list_sessions(limit=50)
+        return int((time.perf_counter() - started) * 1e9)
+
+    floor_t: list[float] = []
+    first_t: list[float] = []
+    full_t: list[float] = []
+    rescan_t: list[float] = []
+    for k in range(repeats):
+        started = time.perf_counter()
+        assert _list_floor(root) >= n
+        floor_t.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert asyncio.run(first_page()) == 50
+        first_t.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert asyncio.run(all_pages()) >= n
+        full_t.append(time.perf_counter() - started)
+        rescan_t.append(asyncio.run(after_create(k)) / 1e9)
+    floor = min(floor_t)
+    return {
+        "sessions": n,
+        "floor_ms": floor * 1e3,
+        "first_page_ms": min(first_t) * 1e3,
+        "first_page_ratio": min(first_t) / floor,
+        "all_pages_ms": min(full_t) * 1e3,
+        "all_pages_ratio": min(full_t) / floor,
+        "rescan_first_page_ms": min(rescan_t) * 1e3,
+        "rescan_first_page_ratio": min(rescan_t) / floor,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -302,6 +384,7 @@ def main() -> None:
         appends = [bench_append(root, n, samples) for n in (100, 10_000)]
         concurrent = bench_concurrent(root, 8, 50)
         opened = bench_open(root, big, repeats)
+        listed = bench_list(root, 2_000 if args.quick else 10_000, repeats)
 
     machine = {
         "python": sys.version.split()[0],
@@ -336,9 +419,19 @@ def main() -> None:
           f"({o['peak_to_file']:.2f}x file), retained {o['retained_mb']:.0f} MB "
           f"({o['retained_to_file']:.2f}x file)")
 
+    li = listed
+    print(f"\nlist {li['sessions']:,} sessions: floor (scandir + first line of each) "
+          f"{li['floor_ms']:.0f} ms")
+    print(f"  first page (50), fresh store   {li['first_page_ms']:8.1f} ms  "
+          f"ratio {li['first_page_ratio']:.2f}  (goal <= 2)")
+    print(f"  all {li['sessions'] // 50} pages, fresh store     {li['all_pages_ms']:8.1f} ms  "
+          f"ratio {li['all_pages_ratio']:.2f}  (goal <= 3)")
+    print(f"  first page after a create      {li['rescan_first_page_ms']:8.1f} ms  "
+          f"ratio {li['rescan_first_page_ratio']:.2f}")
+
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": machine, "append": appends,
-                                   "concurrent": concurrent, "open": opened},
+                                   "concurrent": concurrent, "open": opened, "list": listed},
                                   indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
 

@@ -46,17 +46,18 @@ from threadline.durable import (
 from threadline.errors import (
     AgentError,
     EntryNotFound,
+    InvalidSessionId,
     NoLoopError,
     SessionNotFound,
     StoreError,
     ToolError,
 )
 from threadline.session import (
+    CatalogStore,
     CompactionEntry,
     CustomEntry,
     Entry,
     FileStore,
-    ManagedStore,
     MemoryStore,
     MessageEntry,
     SessionRecord,
@@ -257,8 +258,10 @@ async def test_s1_application_id_is_opaque(backend: Backend, store: Store) -> No
 
 
 async def test_s1_empty_session_id_is_refused(store: Store) -> None:
-    with pytest.raises(AgentError, match="non-empty"):
+    with pytest.raises(InvalidSessionId, match="non-empty"):
         await durable.open(None, store=store, session_id="")
+    with pytest.raises(InvalidSessionId, match="NUL"):
+        await durable.open(None, store=store, session_id="a\x00b")
 
 
 # -- S2 --------------------------------------------------------------------------
@@ -474,7 +477,7 @@ async def test_s6_record_written_once_with_fork_lineage(backend: Backend) -> Non
     counting = CountingStore(backend.reopen())
     agent = await durable.open(weather_factory(), store=counting, session_id="s6")
     managed = backend.reopen()
-    assert isinstance(managed, ManagedStore)
+    assert isinstance(managed, CatalogStore)
     record = await managed.load_session("s6")
     assert record.parent_id is None
     await agent.run("weather?").collect()
@@ -517,7 +520,7 @@ class ThreeMethodStore:
 
 async def test_s7_custom_store_with_three_methods_serves_the_agent() -> None:
     store = ThreeMethodStore()
-    assert isinstance(store, Store) and not isinstance(store, ManagedStore)
+    assert isinstance(store, Store) and not isinstance(store, CatalogStore)
     agent = await durable.open(weather_factory(), store=store, session_id="s7")
     events = await agent.run("weather?").collect()
     assert isinstance(events[-1], AgentEnd) and events[-1].error is None
@@ -628,7 +631,7 @@ async def test_s10_fork_copies_active_path_rechained_in_one_batch(backend: Backe
         SessionCreated(session_id=child.session_id, parent_id="s10"),
     ]
     managed = backend.reopen()
-    assert isinstance(managed, ManagedStore)
+    assert isinstance(managed, CatalogStore)
     assert (await managed.load_session(child.session_id)).parent_id == "s10"
     stored = await managed.load_entries(child.session_id)
     assert stored == child.entries
@@ -661,9 +664,9 @@ async def test_s10_fork_with_explicit_id(store: Store) -> None:
 async def test_s10_fork_with_empty_id_is_refused_and_creates_nothing(store: Store) -> None:
     agent = await durable.open(None, store=store, session_id="src")
     await agent.append(UserMessage.of("x"))
-    with pytest.raises(AgentError, match="non-empty"):
+    with pytest.raises(InvalidSessionId, match="non-empty"):
         await agent.fork("")
-    assert isinstance(store, ManagedStore)
+    assert isinstance(store, CatalogStore)
     assert [r.id for r in (await store.list_sessions()).sessions] == ["src"]
 
 

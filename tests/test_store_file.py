@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import shutil
 import threading
@@ -29,24 +28,39 @@ from threadline.session import _file as file_module
 from threadline.session._codec import encode_entries, encode_init
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
-from threadline.testing import StoreConformance, StoreOpener, sample_entries
+from threadline.testing import StoreConformance, sample_entries
 from threadline.testing._conformance import check_concurrent_log
 
 
-class TestFileStore(StoreConformance):
+def _files_of(store: object) -> FileStore:
+    """The FileStore itself, or the one a test wrapper (``.inner``) delegates to."""
+    files = getattr(store, "inner", store)
+    assert isinstance(files, FileStore)
+    return files
+
+
+class FileHooks(StoreConformance):
+    """The conformance hooks that reach into session files."""
+
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        _append_raw(_files_of(store).path_for(session_id), data + b"\n")
+
+    async def write_format_version(self, store: Store, session_id: str, version: int) -> None:
+        path = _files_of(store).path_for(session_id)
+        head, rest = path.read_bytes().split(b"\n", 1)
+        init = msgspec.json.decode(head)
+        init["version"] = version
+        path.write_bytes(msgspec.json.encode(init) + b"\n" + rest)
+
+
+class TestFileStore(FileHooks):
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions")
 
-    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return functools.partial(FileStore, str(tmp_path / "sessions"))
 
-
-class TestFileStoreFlush(StoreConformance):
+class TestFileStoreFlush(FileHooks):
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions", durability="flush")
-
-    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return functools.partial(FileStore, str(tmp_path / "sessions"), durability="flush")
 
 
 def _names(root: Path) -> list[str]:
@@ -125,8 +139,9 @@ async def test_s8_session_init_id_is_checked_on_every_open(tmp_path: Path) -> No
         assert info.value.line == 1
         assert info.value.path == str(tmp_path / "beta.jsonl")
     assert (tmp_path / "beta.jsonl").read_bytes() == (tmp_path / "alpha.jsonl").read_bytes()
-    with pytest.raises(CorruptLog):
-        await store.list_sessions()
+    page = await store.list_sessions()
+    assert [r.id for r in page.sessions] == ["alpha"]
+    assert [p.path for p in page.problems] == [str(tmp_path / "beta.jsonl")]
 
 
 async def test_fsync_failure_poisons_the_handle(
@@ -150,6 +165,8 @@ async def test_fsync_failure_poisons_the_handle(
         await store.append_entries("s", [_msg("refused")])
     with pytest.raises(DurabilityError):
         await store.create_session(SessionRecord(id="t"))
+    with pytest.raises(DurabilityError):
+        await store.delete_session("s")
     assert len(await store.load_entries("s")) == 2  # reads still work
     fresh = FileStore(tmp_path)
     await fresh.append_entries("s", [_msg("after reopen")])
@@ -223,8 +240,9 @@ async def test_failed_write_is_undone_and_does_not_poison(
 
 
 async def test_os_errors_become_store_errors(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    (tmp_path / "d.jsonl").mkdir()  # where session "d" should be, something unreadable
+    store = FileStore(tmp_path / "root")
+    (tmp_path / "root").rmdir()
+    (tmp_path / "root").write_bytes(b"")  # the root is now a file: ENOTDIR below it
     with pytest.raises(StoreError) as info:
         await store.load_entries("d")
     assert isinstance(info.value.__cause__, OSError)
@@ -493,3 +511,24 @@ def test_s4_one_store_shared_by_threads_with_their_own_event_loops(tmp_path: Pat
     for t in threads:
         t.join()
     check_concurrent_log(asyncio.run(store.load_entries("s")), list(acknowledged.values()))
+
+
+async def test_s8_a_refused_call_in_a_group_commit_fails_alone(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    first = _msg("first")
+    await store.append_entries("s", [first])
+    good = [[_msg(f"good {n}")] for n in range(6)]
+    repeat = msgspec.structs.replace(first, message=UserMessage.of("again"))
+    results = await asyncio.gather(
+        *(store.append_entries("s", batch) for batch in good[:3]),
+        store.append_entries("s", [_msg("with it"), repeat]),
+        *(store.append_entries("s", batch) for batch in good[3:]),
+        return_exceptions=True)
+    assert [type(r) for r in results] == [type(None)] * 3 + [StoreError] + [type(None)] * 3
+    loaded = [e.id for e in await store.load_entries("s")]
+    assert loaded[0] == first.id and sorted(loaded[1:]) == sorted(b[0].id for b in good)
+    # Another handle (another process, in effect) learns the ids from the file.
+    other = FileStore(tmp_path)
+    with pytest.raises(StoreError, match="repeats an entry id"):
+        await other.append_entries("s", [good[4][0]])

@@ -22,6 +22,10 @@ class TestMemoryStore(StoreConformance):
     async def make_store(self, tmp_path: Path) -> Store:
         return MemoryStore()
 
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        assert isinstance(store, MemoryStore)
+        store._logs[session_id].append(data)
+
 
 async def test_stored_entries_are_bytes_not_caller_objects() -> None:
     # Frozen structs can still hold dicts; the store must not share them.

@@ -9,6 +9,7 @@ import itertools
 import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
-from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, TreeIndex
+from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
 from threadline.session._postgres import MIGRATIONS
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener, check_concurrent_log
@@ -36,6 +37,12 @@ class TestPostgresStore(StoreConformance):
     def store_opener(self, tmp_path: Path) -> StoreOpener | None:
         return functools.partial(PostgresStore, self.pg_url, schema=self.pg_schema,
                                  max_size=2)
+
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        _rows(self.pg_url, f"INSERT INTO {self.pg_schema}.entries (session_id, seq, entry_id, "
+              f"type, data) SELECT %s, coalesce(max(seq), 0) + 1, %s, 'message', %s FROM "
+              f"{self.pg_schema}.entries WHERE session_id = %s",
+              session_id, new_id(), data, session_id)
 
 
 def _entry(text: str, parent: str | None = None) -> MessageEntry:
@@ -138,22 +145,6 @@ async def test_s4_processes_appending_to_one_session_keep_one_order(
         assert runs >= 1  # the writers really interleaved
 
 
-async def test_s4_two_stores_append_from_one_leaf_grow_siblings(
-    pg_url: str, pg_schema: str
-) -> None:
-    async with PostgresStore(pg_url, schema=pg_schema) as a, \
-            PostgresStore(pg_url, schema=pg_schema) as b:
-        await a.create_session(SessionRecord(id="s"))
-        root = _entry("root")
-        await a.append_entries("s", [root])
-        leaf_a = TreeIndex(await a.load_entries("s")).leaf_id
-        leaf_b = TreeIndex(await b.load_entries("s")).leaf_id
-        first, second = _entry("from a", leaf_a), _entry("from b", leaf_b)
-        await asyncio.gather(a.append_entries("s", [first]), b.append_entries("s", [second]))
-        tree = TreeIndex(await b.load_entries("s"))
-        assert sorted(e.id for e in tree.children(root.id)) == sorted([first.id, second.id])
-
-
 async def _prepared_statements(store: PostgresStore) -> int:
     async with store.pool.connection() as conn:
         cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
@@ -218,19 +209,43 @@ async def test_schemas_isolate_stores(pg_url: str, pg_schema: str) -> None:
         _rows(pg_url, f"DROP SCHEMA IF EXISTS {other} CASCADE")
 
 
-async def test_every_key_and_index_starts_with_session_id(pg_url: str, pg_schema: str) -> None:
+async def test_every_unique_key_starts_with_session_id(pg_url: str, pg_schema: str) -> None:
     async with PostgresStore(pg_url, schema=pg_schema) as store:
         await store.create_session(SessionRecord(id="s"))
     first_columns = _rows(
         pg_url,
-        "SELECT c.relname, a.attname FROM pg_index i "
+        "SELECT c.relname, a.attname, i.indisunique FROM pg_index i "
         "JOIN pg_class c ON c.oid = i.indexrelid "
         "JOIN pg_class t ON t.oid = i.indrelid "
         "JOIN pg_namespace n ON n.oid = t.relnamespace "
         "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
         "WHERE n.nspname = %s AND t.relname IN ('sessions', 'entries')", pg_schema)
-    assert len(first_columns) == 3  # two primary keys and the entry-id unique key
-    assert {col for _, col in first_columns} == {"session_id"}
+    # Two primary keys and the entry-id unique key: the shard key leads.
+    assert {col for _, col, unique in first_columns if unique} == {"session_id"}
+    assert sum(unique for *_, unique in first_columns) == 3
+    # The listing index is the only other one (a per-shard index when distributed).
+    assert [(name, col) for name, col, unique in first_columns if not unique] == [
+        ("sessions_newest", "created_at")]
+
+
+async def test_list_sessions_reads_the_index_in_order(pg_url: str, pg_schema: str) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="s"))
+        _rows(pg_url, f"INSERT INTO {pg_schema}.sessions (session_id, created_at) "
+                      f"SELECT 'g' || n, now() - n * interval '1 second' "
+                      f"FROM generate_series(1, 20000) n")
+        _rows(pg_url, f"ANALYZE {pg_schema}.sessions")
+        page = await store.list_sessions(limit=3)
+        assert [r.id for r in page.sessions] == ["s", "g1", "g2"]
+        assert page.next_cursor is not None
+        later = await store.list_sessions(limit=2, cursor=page.next_cursor)
+        assert [r.id for r in later.sessions] == ["g3", "g4"]
+    for query, args in (
+        (store._q["list_first"], (50,)),
+        (store._q["list_after"], (datetime.now(UTC), "g10", 50)),
+    ):
+        plan = "\n".join(r[0] for r in _rows(pg_url, "EXPLAIN " + query, *args))
+        assert "sessions_newest" in plan and "Sort" not in plan, plan
 
 
 async def test_corrupt_row_names_table_and_row(pg_url: str, pg_schema: str) -> None:

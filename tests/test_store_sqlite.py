@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import multiprocessing
 import signal
 import sqlite3
@@ -16,19 +15,21 @@ from pathlib import Path
 import pytest
 
 from threadline.ai._messages import UserMessage
-from threadline.errors import ConfigError, CorruptLog, StoreError
-from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, TreeIndex
+from threadline.errors import ConfigError, CorruptLog, SessionNotFound, StoreError
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, new_id
 from threadline.session._sqlite import MIGRATIONS
 from threadline.testing import StoreConformance
-from threadline.testing._conformance import StoreOpener
 
 
 class TestSQLiteStore(StoreConformance):
     async def make_store(self, tmp_path: Path) -> Store:
         return SQLiteStore(tmp_path / "sessions.db")
 
-    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return functools.partial(SQLiteStore, str(tmp_path / "sessions.db"))
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        with _raw(self._tmp_path / "sessions.db") as conn:
+            conn.execute("INSERT INTO entries (session_id, seq, id, type, data) SELECT ?, "
+                         "coalesce(max(seq), 0) + 1, ?, 'message', ? FROM entries "
+                         "WHERE session_id = ?", (session_id, new_id(), data, session_id))
 
 
 def _entry(text: str, parent: str | None = None) -> MessageEntry:
@@ -90,24 +91,6 @@ async def test_processes_migrating_a_new_file_at_once(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(
             MIGRATIONS)
         assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6
-
-
-async def test_s4_two_handles_append_from_one_leaf_grow_siblings(tmp_path: Path) -> None:
-    a, b = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
-    await a.create_session(SessionRecord(id="s"))
-    root = _entry("root")
-    await a.append_entries("s", [root])
-    leaf_a = TreeIndex(await a.load_entries("s")).leaf_id
-    leaf_b = TreeIndex(await b.load_entries("s")).leaf_id
-    first, second = _entry("from a", leaf_a), _entry("from b", leaf_b)
-    await asyncio.gather(a.append_entries("s", [first]), b.append_entries("s", [second]))
-    tree = TreeIndex(await a.load_entries("s"))
-    assert sorted(e.id for e in tree.children(root.id)) == sorted([first.id, second.id])
-    with _raw(tmp_path / "s.db") as conn:
-        assert [r[0] for r in conn.execute(
-            "SELECT seq FROM entries WHERE session_id='s' ORDER BY seq")] == [1, 2, 3]
-    await a.close()
-    await b.close()
 
 
 async def test_writer_holding_the_lock_is_waited_out_not_reported(tmp_path: Path) -> None:
@@ -186,7 +169,7 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
 _APPENDER = """
 import asyncio, sys
 from threadline.ai._messages import UserMessage
-from threadline.session import MessageEntry, SQLiteStore
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore
 
 async def main():
     store = SQLiteStore(sys.argv[1])
@@ -232,7 +215,7 @@ _FILE_SIZE_LIMITED = """
 import asyncio, resource, signal, sys
 from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError
-from threadline.session import MessageEntry, SQLiteStore
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore
 
 async def main():
     store = SQLiteStore(sys.argv[1])
@@ -250,12 +233,18 @@ async def main():
         await store.append_entries("s", [MessageEntry(message=UserMessage.of("small"))])
     except DurabilityError:
         print("poisoned", flush=True)
+    for verb, call in (("create", store.create_session(SessionRecord(id="t"))),
+                       ("delete", store.delete_session("s"))):
+        try:
+            await call
+        except DurabilityError:
+            print(verb + "-refused", flush=True)
 
 asyncio.run(main())
 """
 
 
-async def test_failed_write_is_a_durability_error_that_poisons_the_handle(
+async def test_s17_failed_write_poisons_the_handle_for_create_append_and_delete(
     tmp_path: Path
 ) -> None:
     path = tmp_path / "full.db"
@@ -264,10 +253,14 @@ async def test_failed_write_is_a_durability_error_that_poisons_the_handle(
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _FILE_SIZE_LIMITED, str(path), stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
-    acked, cause, poisoned = out.decode().split()
-    assert (cause, poisoned) == ("OperationalError", "poisoned")
+    acked, cause, *refused = out.decode().split()
+    assert cause == "OperationalError"
+    # S17's companion rule: a poisoned handle refuses every write, not just appends.
+    assert refused == ["poisoned", "create-refused", "delete-refused"]
     assert 0 < int(acked) < 100
     # A fresh handle sees every acknowledged append and nothing else.
     assert len(await store.load_entries("s")) == int(acked)
+    with pytest.raises(SessionNotFound):
+        await store.load_session("t")
     await store.append_entries("s", [_entry("the file can grow again")])
     await store.close()

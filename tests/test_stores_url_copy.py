@@ -12,9 +12,9 @@ import pytest
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CopyConflict, StoreError
 from threadline.session import (
+    CatalogStore,
     Entry,
     FileStore,
-    ManagedStore,
     MemoryStore,
     MessageEntry,
     PostgresStore,
@@ -28,7 +28,7 @@ from threadline.testing import FaultyStore, sample_entries
 # -- open_store -----------------------------------------------------------------
 
 
-async def _works(store: ManagedStore) -> None:
+async def _works(store: CatalogStore) -> None:
     await store.create_session(SessionRecord(id="probe"))
     await store.append_entries("probe", [MessageEntry(message=UserMessage.of("hi"))])
     assert len(await store.load_entries("probe")) == 1
@@ -135,7 +135,7 @@ def test_bad_url_errors_hide_the_password() -> None:
 CREATED = datetime(2024, 2, 3, 4, 5, 6, 789000, tzinfo=UTC)
 
 
-async def _fill(store: ManagedStore) -> dict[str, Sequence[Entry]]:
+async def _fill(store: CatalogStore) -> dict[str, Sequence[Entry]]:
     """A session with every entry kind, a fork of it, and an empty one."""
     main = sample_entries()
     fork: list[Entry] = [MessageEntry(message=UserMessage.of("forked")) for _ in range(3)]
@@ -149,7 +149,7 @@ async def _fill(store: ManagedStore) -> dict[str, Sequence[Entry]]:
     return {"main": main, "fork": fork, "empty": []}
 
 
-async def _assert_same(store: ManagedStore, expected: Mapping[str, Sequence[Entry]]) -> None:
+async def _assert_same(store: CatalogStore, expected: Mapping[str, Sequence[Entry]]) -> None:
     for sid, entries in expected.items():
         assert [encode_entry(e) for e in await store.load_entries(sid)] == [
             encode_entry(e) for e in entries], sid
@@ -161,7 +161,7 @@ async def _assert_same(store: ManagedStore, expected: Mapping[str, Sequence[Entr
 async def test_copy_through_every_store_kind_is_byte_identical(
     tmp_path: Path, pg_url: str, pg_schema: str
 ) -> None:
-    chain: list[ManagedStore] = [
+    chain: list[CatalogStore] = [
         MemoryStore(),
         SQLiteStore(tmp_path / "copy.db"),
         PostgresStore(pg_url, schema=pg_schema),

@@ -101,19 +101,33 @@ class StoreError(ThreadlineError):
 
 
 class SessionNotFound(StoreError):
+    """No session has this id in the store (never created, or deleted).
+
+    ``session_id`` is the id the caller asked for. Every store method that
+    takes an id raises it, ``append_entries`` with an empty batch included;
+    ``durable.open`` turns it into ``create_session``.
+    """
+
     def __init__(self, session_id: str, where: str = "") -> None:
         suffix = f" in {where}" if where else ""
         super().__init__(f"session {session_id!r} not found{suffix}", session_id=session_id)
 
 
 class SessionExists(StoreError):
+    """``create_session`` found the id taken, even by an identical record.
+
+    Nothing was changed. Of several concurrent creates of one id exactly one
+    succeeds and the others get this; ``durable.open`` then loads the session.
+    """
+
     def __init__(self, session_id: str, where: str = "") -> None:
         suffix = f" in {where}" if where else ""
         super().__init__(f"session {session_id!r} already exists{suffix}", session_id=session_id)
 
 
 class InvalidSessionId(StoreError):
-    """The id cannot be stored (empty, or not a string)."""
+    """The id breaks the one session-id rule: not a non-empty ``str`` of valid
+    Unicode without NUL, at most 1,024 UTF-8 bytes (``check_session_id``)."""
 
 
 class CorruptLog(StoreError):

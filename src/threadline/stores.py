@@ -42,7 +42,7 @@ import msgspec
 from threadline.errors import ConfigError, CopyConflict, SessionNotFound, missing_extra
 from threadline.session._codec import encode_entry
 from threadline.session._entries import SessionRecord
-from threadline.session._store import ManagedStore, Store
+from threadline.session._store import CatalogStore, Store
 
 __all__ = ["CopyProgress", "CopyResult", "copy_sessions", "open_store"]
 
@@ -59,7 +59,7 @@ def _redacted(url: str) -> str:
         f":{parts.password}@", ":***@", 1)))
 
 
-def open_store(url: str | os.PathLike[str], *, create: bool = True) -> ManagedStore:
+def open_store(url: str | os.PathLike[str], *, create: bool = True) -> CatalogStore:
     """The store a URL (or folder path) names. Raises ``ConfigError`` naming the URL.
 
     With ``create=False`` a folder, SQLite file or PostgreSQL schema that does
@@ -148,7 +148,7 @@ def _number(value: str, name: str, shown: str, kind: Callable[[str], Any]) -> An
             from exc
 
 
-def _file_store(path: str, params: dict[str, str], shown: str, create: bool) -> ManagedStore:
+def _file_store(path: str, params: dict[str, str], shown: str, create: bool) -> CatalogStore:
     from threadline.session._file import FileStore
 
     durability = params.pop("durability", "fsync")
@@ -161,7 +161,7 @@ def _file_store(path: str, params: dict[str, str], shown: str, create: bool) -> 
 
 
 def _postgres_store(parts: Any, params: dict[str, str], shown: str,
-                    create: bool) -> ManagedStore:
+                    create: bool) -> CatalogStore:
     try:
         import psycopg
 

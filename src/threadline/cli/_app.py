@@ -21,7 +21,7 @@ from threadline import __version__
 from threadline.cli._output import Out, stderr, visible
 from threadline.errors import ThreadlineError
 from threadline.session._entries import Entry
-from threadline.session._store import ManagedStore
+from threadline.session._store import CatalogStore
 from threadline.session._tree import TreeIndex
 
 __all__ = ["DEFAULT_STORE", "Ctx", "Verb", "main"]
@@ -38,14 +38,14 @@ class Ctx:
     err: Out
     interrupt_hint: str | None = None
     """Said on Ctrl-C (for example, how to resume)."""
-    _stores: list[ManagedStore] = field(default_factory=list)
+    _stores: list[CatalogStore] = field(default_factory=list)
 
     @property
     def store_url(self) -> str:
         url: str | None = getattr(self.args, "store", None)
         return url or os.environ.get("THREADLINE_STORE") or DEFAULT_STORE
 
-    def open(self, url: str | None = None, *, create: bool = False) -> ManagedStore:
+    def open(self, url: str | None = None, *, create: bool = False) -> CatalogStore:
         """The store ``url`` names (default ``--store``); a reader passes ``create=False``."""
         from threadline.stores import open_store
 
@@ -56,7 +56,7 @@ class Ctx:
     def notice(self, text: str) -> None:
         self.err.line(("notice: ", "yellow"), text)
 
-    async def load(self, store: ManagedStore, session_id: str) -> list[Entry]:
+    async def load(self, store: CatalogStore, session_id: str) -> list[Entry]:
         """A session's log; what the store recovered from becomes a one-line notice."""
         with warnings.catch_warnings():
             # The file store also warns about a torn tail; its diagnostics say it once.
@@ -66,7 +66,7 @@ class Ctx:
             self.notice(" ".join(str(diagnostic).split()))
         return log
 
-    async def tree(self, store: ManagedStore, session_id: str) -> TreeIndex:
+    async def tree(self, store: CatalogStore, session_id: str) -> TreeIndex:
         return TreeIndex(await self.load(store, session_id), session_id=session_id)
 
     async def close(self) -> None:

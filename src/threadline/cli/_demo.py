@@ -28,7 +28,7 @@ from threadline.cli._render import describe, session_tree, short, spans_text
 from threadline.durable._events import LifecycleEvent, StoredMessageEnd
 from threadline.errors import ConfigError
 from threadline.session._file import FileStore
-from threadline.session._store import ManagedStore
+from threadline.session._store import CatalogStore
 from threadline.session._tree import TreeIndex
 from threadline.stores import open_store
 from threadline.testing._scripted import Call, ScriptedModel, Turn
@@ -101,7 +101,7 @@ async def _kill_child(out: Out, url: str, session_id: str) -> None:
             return
 
 
-async def run_demo(url: str, store: ManagedStore, out: Out) -> None:
+async def run_demo(url: str, store: CatalogStore, out: Out) -> None:
     """Run the demo in ``store``, which ``url`` names for the child process."""
     session_id = f"demo-{datetime.now():%Y%m%d-%H%M%S-%f}"
     published: list[LifecycleEvent] = []

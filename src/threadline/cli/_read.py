@@ -17,8 +17,8 @@ from threadline.errors import CorruptLog, SessionNotFound, StoreError
 from threadline.session._codec import decode_init, encode_entry
 from threadline.session._entries import Entry, SessionRecord
 from threadline.session._file import FileStore
-from threadline.session._sqlite import entry_type
-from threadline.session._store import ManagedStore
+from threadline.session._store import CatalogStore
+from threadline.session._storekit import entry_type
 from threadline.session._tree import TreeIndex
 
 __all__ = ["VERBS"]
@@ -59,6 +59,9 @@ async def _list(ctx: Ctx, args: argparse.Namespace) -> None:
         for n, row in enumerate(table):
             cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
             ctx.out.line((" ".join([*cells, row[3]]).rstrip(), "bold" if n == 0 else ""))
+    for problem in page.problems:
+        # One unreadable file never hides the rest (S18); it is named on stderr.
+        ctx.notice(f"not a session: {problem}")
     if page.next_cursor:
         ctx.notice(f"more than {args.limit} sessions; use --limit")
 
@@ -153,7 +156,7 @@ def _conf_check(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-async def _targets(store: ManagedStore, ids: list[str]) -> list[tuple[str, str | None]]:
+async def _targets(store: CatalogStore, ids: list[str]) -> list[tuple[str, str | None]]:
     """(label, session id, or None with the label naming a file that is no session)."""
     if ids:
         return [(sid, sid) for sid in ids]
@@ -184,7 +187,7 @@ def _file_target(path: Path) -> tuple[str, str | None]:
         return f"{path}: cannot read: {exc.strerror}", None
 
 
-async def _check_one(ctx: Ctx, store: ManagedStore, sid: str) -> tuple[list[str], int]:
+async def _check_one(ctx: Ctx, store: CatalogStore, sid: str) -> tuple[list[str], int]:
     from threadline.durable._repair import orphaned_results
 
     entries = await ctx.load(store, sid)

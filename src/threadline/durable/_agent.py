@@ -50,6 +50,7 @@ from threadline.session._entries import (
 )
 from threadline.session._ids import new_id
 from threadline.session._store import Store
+from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
 __all__ = ["DurableAgent", "PublishError", "Run", "RunInput", "open"]
@@ -98,7 +99,7 @@ async def open(
     ``approval`` rule; ``docs/tools-with-side-effects.md``).
     """
     created = False
-    session_id = new_id() if session_id is None else _checked_id(session_id)
+    session_id = new_id() if session_id is None else check_session_id(session_id)
     try:
         entries = await store.load_entries(session_id)
     except SessionNotFound:
@@ -256,7 +257,7 @@ class DurableAgent:
         copies; all are written in one ``append_entries`` call. On error no
         event is published (a child record may exist without entries).
         """
-        child_id = new_id() if session_id is None else _checked_id(session_id)
+        child_id = new_id() if session_id is None else check_session_id(session_id)
         self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
@@ -686,12 +687,6 @@ def _as_messages(input: RunInput) -> list[Message]:
         if not isinstance(m, _MESSAGE_TYPES):
             raise AgentError(f"run input must be a string or messages, got {type(m).__name__}")
     return messages
-
-
-def _checked_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not session_id:
-        raise AgentError(f"session id must be a non-empty string, got {session_id!r}")
-    return session_id
 
 
 def _to_entry(item: Message | Entry, parent: str | None) -> Entry:

@@ -22,7 +22,8 @@ from threadline.session._entries import (
 from threadline.session._file import FileStore
 from threadline.session._ids import new_id
 from threadline.session._memory import MemoryStore
-from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store
+from threadline.session._store import CatalogStore, EntryLog, SessionPage, Store
+from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
 if TYPE_CHECKING:
@@ -32,13 +33,13 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "BranchSummaryEntry",
+    "CatalogStore",
     "CompactionEntry",
     "CustomEntry",
     "CustomMessageEntry",
     "Entry",
     "EntryLog",
     "FileStore",
-    "ManagedStore",
     "MemoryStore",
     "MessageEntry",
     "OpaqueEntry",
@@ -50,6 +51,7 @@ __all__ = [
     "TreeIndex",
     "TreeView",
     "build_context",
+    "check_session_id",
     "custom_kinds",
     "decode_entry",
     "encode_entries",

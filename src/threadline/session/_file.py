@@ -14,6 +14,13 @@ a case-insensitive or Unicode-normalising file system. The id stored in the
 first line is checked whenever the store opens a file (for appends: when it
 opens the descriptor it keeps, see below).
 
+Only regular files inside the root (S17): session files are opened with
+``O_NOFOLLOW | O_NONBLOCK`` under the root resolved once, and anything but a
+regular file is a ``CorruptLog``. A first line is read with one bounded read,
+and nothing of a file that does not start like a session log is quoted. A
+hard link is the same file under another name; docs/design.md says what
+follows from that.
+
 Writes:
 
 - ``create_session`` writes the first line to a temporary file, fsyncs it and
@@ -22,7 +29,11 @@ Writes:
   seen half-created. The directory is fsynced.
 - ``append_entries`` takes an exclusive ``flock`` on the file. If the last
   line has no newline (a writer died mid-write), the fragment is copied to
-  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline. All
+  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline; a
+  copy that fails is removed again. A batch that repeats an entry id of the
+  file is refused (the ids come from a recent load on this store, or one
+  read of the file, plus the lines other writers added, read under the lock;
+  an open file keeps its ids in memory, about 90 bytes per entry). All
   lines then go out in one ``os.write`` (short writes are continued), then
   ``fdatasync``, then the lock is released.
 - A failed fsync is never retried: the kernel may have dropped the dirty
@@ -79,12 +90,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import secrets
+import stat
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -98,6 +112,7 @@ from threadline.errors import (
     ConfigError,
     CorruptLog,
     DurabilityError,
+    InvalidSessionId,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -111,8 +126,14 @@ from threadline.session._entries import (
     SessionRecord,
     _decoding,
 )
-from threadline.session._memory import check_session_id, page_records
-from threadline.session._store import EntryLog, SessionPage
+from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._storekit import (
+    check_limit,
+    check_record,
+    check_session_id,
+    page_sorted,
+    sort_key,
+)
 
 __all__ = ["FileStore", "session_file_name"]
 
@@ -127,7 +148,20 @@ _DEVICE_NAMES = frozenset(
 )
 _INLINE_MAX_ENTRIES = 8
 _MAX_OPEN_FILES = 64  # per store
+# Loads whose ids are kept for a following append (about 90 bytes per entry):
+# enough for "open a session, then append to it", little for a reader of many.
+_MAX_LOADED_IDS = 8
 _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
+# Never follow a symlink at a session path, and never wait on a FIFO or device
+# there (O_NONBLOCK changes nothing for the regular files that pass the check).
+_OPEN_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_LIST_FLAGS = os.O_RDONLY | _OPEN_FLAGS
+# A session_init line holds two ids of at most 1,024 UTF-8 bytes (6x that when
+# escaped) and a timestamp, so 64 KiB bounds every header read; most headers
+# fit in the first, small read.
+_MAX_HEADER = 1 << 16
+_FIRST_READ = 4096
+_INIT_PREFIX = b'{"type":"session_init"'
 
 
 def session_file_name(session_id: str) -> str:
@@ -139,6 +173,21 @@ def session_file_name(session_id: str) -> str:
     if len(raw) <= _MAX_BASE32_BYTES:
         return "=" + base64.b32encode(raw).decode("ascii").rstrip("=").lower() + SUFFIX
     return "==" + hashlib.sha256(raw).hexdigest() + SUFFIX
+
+
+def _holds(name: str, session_id: str) -> bool:
+    """Whether ``name`` is the file of ``session_id``; False for an id no store keeps."""
+    if _READABLE.fullmatch(session_id) and session_id not in _DEVICE_NAMES:
+        return name == session_id + SUFFIX  # the common case, without the full id check
+    try:
+        return name == session_file_name(session_id)
+    except InvalidSessionId:
+        return False
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: escaped, and cut if long."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _fdatasync(fd: int) -> None:
@@ -153,6 +202,51 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(
+    path: str | Path, flags: int, session_id: str | None
+) -> tuple[int, os.stat_result]:
+    """Open ``path`` if it is a regular file, never through a symbolic link.
+
+    Anything else at a session path is reported as ``CorruptLog`` without
+    blocking on it (a FIFO) or reading it (a device). ``FileNotFoundError``
+    passes through for the caller to report.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV):
+            of = "" if session_id is None else f" of session {session_id!r}"
+            raise StoreError(f"cannot open {path}{of}: {exc}", session_id=session_id) from exc
+        try:
+            what = _kind(os.lstat(path).st_mode)
+        except OSError:
+            what = "not a regular file"
+        raise CorruptLog(f"not a session log: {what}; the file store opens only regular "
+                         f"files and never follows links", session_id=session_id,
+                         path=str(path)) from exc
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorruptLog(f"not a session log: {_kind(st.st_mode)}; the file store opens only "
+                         f"regular files", session_id=session_id, path=str(path))
+    return fd, st
+
+
 class _OpenLog(NamedTuple):
     """A session file this store opened for appending, first line checked."""
 
@@ -160,23 +254,82 @@ class _OpenLog(NamedTuple):
     dev: int
     ino: int
     path: Path
+    known: _KnownIds
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
         try:
-            st = os.stat(self.path)
+            st = os.stat(self.path, follow_symlinks=False)
         except FileNotFoundError:
             return -1
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
 
 
-class _Waiter:
+class _KnownIds:
+    """The entry ids in a session file up to ``size`` (a line boundary).
+
+    The duplicate-id rule needs them under the append lock. Reading them
+    costs one pass over the file when the store opens it for appending;
+    later appends read only the lines other writers added since.
+    """
+
+    __slots__ = ("ids", "size")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.size = 0
+
+    def catch_up(self, fd: int, size: int) -> None:
+        """Learn the ids of the complete lines up to ``size``."""
+        if size < self.size:  # cut shorter by someone else: start over
+            self.ids.clear()
+            self.size = 0
+        if size == self.size:
+            return
+        data = os.pread(fd, size - self.size, self.size)
+        end = data.rfind(b"\n") + 1
+        start = data.find(b"\n") + 1 if self.size == 0 else 0  # line 1 is session_init
+        if start < end:
+            self.ids.update(_ids_in(memoryview(data)[start:end]))
+        self.size += end
+
+
+class _IdOnly(msgspec.Struct, gc=False):
+    id: Any = None
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+def _ids_in(lines: memoryview) -> list[str]:
+    try:
+        found = [e.id for e in _id_decoder.decode_lines(lines)]
+    except msgspec.DecodeError:  # a damaged line has no id to clash with
+        found = []
+        for line in bytes(lines).split(b"\n"):
+            with contextlib.suppress(msgspec.DecodeError):
+                found.append(_id_decoder.decode(line).id)
+    return [i for i in found if isinstance(i, str)]
+
+
+class _Batch:
+    """One ``append_entries`` call's lines, and why it was refused, if it was."""
+
+    __slots__ = ("data", "ids", "refused")
+
+    def __init__(self, data: bytes, ids: Sequence[str]) -> None:
+        self.data = data
+        self.ids = ids
+        self.refused: StoreError | None = None
+
+
+class _Waiter(_Batch):
     """An ``append_entries`` call waiting for the write that includes its lines."""
 
-    __slots__ = ("data", "future", "loop")
+    __slots__ = ("future", "loop")
 
-    def __init__(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.data = data
+    def __init__(self, data: bytes, ids: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(data, ids)
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
@@ -228,6 +381,9 @@ class FileStore:
         # Sessions a writer (worker or inline) is busy with -> appends queued behind it.
         self._queues: dict[str, list[_Waiter]] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._catalog: _Catalog | None = None
+        # Entry ids of sessions loaded but not open for appending (see _KnownIds).
+        self._loaded_ids: dict[str, tuple[int, int, _KnownIds]] = {}
         weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
         if not create:
@@ -238,13 +394,17 @@ class FileStore:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        # Resolved once: session paths are this directory plus a name with no
+        # separator, opened with O_NOFOLLOW, so no path component after the
+        # root can lead outside it.
+        self._dir = Path(os.path.realpath(self.root))
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.root)!r}, durability={self.durability!r})"
 
     def path_for(self, session_id: str) -> Path:
         """Where ``session_id`` lives (whether or not it exists)."""
-        return self.root / session_file_name(session_id)
+        return self._dir / session_file_name(session_id)
 
     # -- the Store contract ---------------------------------------------------
 
@@ -260,11 +420,14 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
+        ids = [e.id for e in entries]
+        if len(set(ids)) < len(ids):
+            raise _repeats(session_id, self.path_for(session_id), "within the batch")
         data = encode_entries(entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, data)):
+                and self._write_inline(session_id, _Batch(data, ids))):
             return
-        waiter = _Waiter(data, asyncio.get_running_loop())
+        waiter = _Waiter(data, ids, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is not None:
@@ -280,8 +443,19 @@ class FileStore:
         return await self._thread("load", session_id, self._load_session, session_id)
 
     async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
-        records = await self._thread("list", None, self._all_records)
-        return page_records(records, limit=limit, cursor=cursor)
+        """A page of sessions, newest first; files that are not sessions go in ``problems``.
+
+        The first call reads the first line of every ``*.jsonl`` in the root.
+        Later calls reuse what it read while the directory is unchanged (see
+        ``_Catalog``), so paging through costs about one scan in all.
+        """
+        check_limit(limit)
+        after = None if cursor is None else decode_cursor(cursor)
+        catalog = await self._thread("list", None, self._catalog_now)
+        page = page_sorted(catalog.records, limit=limit, after=after, keys=catalog.keys)
+        if cursor is None and catalog.problems:
+            page = msgspec.structs.replace(page, problems=list(catalog.problems))
+        return page
 
     async def delete_session(self, session_id: str) -> None:
         await self._thread("delete", session_id, self._delete, session_id)
@@ -339,42 +513,49 @@ class FileStore:
     def _open(self, session_id: str, flags: int) -> tuple[int, Path]:
         path = self.path_for(session_id)
         try:
-            return os.open(path, flags | os.O_CLOEXEC), path
+            return _open_regular(path, flags, session_id)[0], path
         except FileNotFoundError:
             raise SessionNotFound(session_id, str(self.root)) from None
-        except OSError as exc:
-            raise StoreError(f"cannot open {path}: {exc}", session_id=session_id) from exc
 
-    def _read_record(self, fd: int, session_id: str | None, path: Path) -> SessionRecord:
-        """Decode the first line and check it names ``session_id``."""
-        head = b""
-        while True:
-            chunk = os.pread(fd, 1 << 16, len(head))
-            newline = chunk.find(b"\n")
-            if newline >= 0:
-                head += chunk[:newline]
-                break
-            if not chunk:
-                raise CorruptLog("no complete session_init line",
-                                 session_id=session_id, path=str(path), line=1)
-            head += chunk
+    def _read_record(self, fd: int, session_id: str | None, path: str | Path) -> SessionRecord:
+        """Decode the first line (one bounded read) and check it names ``session_id``."""
+        head = os.pread(fd, _FIRST_READ, 0)
+        if b"\n" not in head and len(head) == _FIRST_READ:
+            head = os.pread(fd, _MAX_HEADER, 0)
         return self._check_record(head, session_id, path)
 
-    def _check_record(self, line: bytes, session_id: str | None, path: Path) -> SessionRecord:
-        record = decode_init(line, session_id=session_id, path=str(path))
+    def _check_record(
+        self, data: bytes, session_id: str | None, path: str | Path
+    ) -> SessionRecord:
+        """The record in the first line of ``data`` (which may hold more lines).
+
+        Nothing of a file that does not start like a session log is quoted:
+        it may be anything, a secret included.
+        """
+        newline = data.find(b"\n", 0, _MAX_HEADER)
+        if not data.startswith(_INIT_PREFIX):
+            raise CorruptLog("not a session log: the first line is not a session_init object",
+                             session_id=session_id, path=str(path), line=1)
+        if newline < 0:
+            detail = ("no complete session_init line" if len(data) < _MAX_HEADER else
+                      f"the session_init line is longer than {_MAX_HEADER} bytes")
+            raise CorruptLog(detail, session_id=session_id, path=str(path), line=1)
+        record = decode_init(data[:newline], session_id=session_id, path=str(path))
         expected = session_id if session_id is not None else record.id
-        if record.id != expected or session_file_name(record.id) != path.name:
+        if record.id != expected or not _holds(os.path.basename(path), record.id):
             raise CorruptLog(
-                f"session_init names session {record.id!r}, which does not belong in this file",
+                f"session_init names session {_short(record.id)}, which does not belong in "
+                f"this file",
                 session_id=session_id, path=str(path), line=1,
             )
         return record
 
     def _create(self, record: SessionRecord) -> None:
+        check_record(record)
         self._check_writable(record.id)
         path = self.path_for(record.id)
         line = _encode_init(record) + b"\n"
-        tmp = self.root / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
+        tmp = self._dir / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -404,7 +585,7 @@ class FileStore:
         while group:
             error: BaseException | None = None
             try:
-                log = self._write(session_id, log, b"".join(w.data for w in group))
+                log = self._write(session_id, log, group)
             except Exception as exc:
                 error, log = exc, None
             with self._lock:
@@ -412,7 +593,7 @@ class FileStore:
             # Waking callers last: the woken event loop then does not wait for
             # this thread to let go of the GIL.
             for waiter in done:
-                waiter.settle(error)
+                waiter.settle(error or waiter.refused)
 
     def _next_group(
         self, session_id: str, log: _OpenLog | None, *, inline: bool = False
@@ -439,7 +620,7 @@ class FileStore:
         self._queues[session_id] = []
         return group, self._logs.pop(session_id, None)
 
-    def _write_inline(self, session_id: str, data: bytes) -> bool:
+    def _write_inline(self, session_id: str, batch: _Batch) -> bool:
         """Append in the caller's thread, unless a writer is busy with the session.
 
         Without fsync a small append is a few microseconds of system calls,
@@ -453,10 +634,12 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, log, data)
+            kept = self._write(session_id, log, [batch])
         finally:
             with self._lock:
                 self._next_group(session_id, kept, inline=True)
+        if batch.refused is not None:
+            raise batch.refused
         return True
 
     def _open_log(self, session_id: str, path: Path) -> _OpenLog:
@@ -469,12 +652,18 @@ class FileStore:
         except BaseException:
             os.close(fd)
             raise
-        return _OpenLog(fd, st.st_dev, st.st_ino, path)
+        with self._lock:
+            loaded = self._loaded_ids.pop(session_id, None)
+        known = loaded[2] if loaded and loaded[:2] == (st.st_dev, st.st_ino) else _KnownIds()
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known)
 
-    def _write(self, session_id: str, log: _OpenLog | None, data: bytes) -> _OpenLog:
-        """Append ``data`` under the file lock; return the file, still open.
+    def _write(self, session_id: str, log: _OpenLog | None,
+               batches: Sequence[_Batch]) -> _OpenLog:
+        """Append the batches under the file lock; return the file, still open.
 
-        ``log`` is a file this store opened before, or None. On error it is closed.
+        A batch repeating an id already in the file (or in an earlier batch of
+        the group) is left out and marked ``refused``. ``log`` is a file this
+        store opened before, or None. On error it is closed.
         """
         try:
             self._check_writable(session_id)
@@ -491,8 +680,10 @@ class FileStore:
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
+            data = self._admit(log, size, batches, session_id)
             if data:
-                self._append_locked(log.fd, size, data, path, session_id)
+                end = self._append_locked(log.fd, size, data, path, session_id)
+                log.known.size = end
             fcntl.flock(log.fd, fcntl.LOCK_UN)
             return log
         except BaseException as exc:
@@ -503,8 +694,23 @@ class FileStore:
                                  f"{exc}", session_id=session_id) from exc
             raise
 
+    def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
+               session_id: str) -> bytes:
+        """The lines of the batches that repeat no id; the ids become known."""
+        known = log.known
+        known.catch_up(log.fd, size)
+        admitted = []
+        for batch in batches:
+            if known.ids.isdisjoint(batch.ids):
+                known.ids.update(batch.ids)
+                admitted.append(batch.data)
+            else:
+                batch.refused = _repeats(session_id, log.path, "already in the session")
+        return b"".join(admitted)
+
     def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
-                       session_id: str) -> None:
+                       session_id: str) -> int:
+        """Write ``data`` after repairing a torn tail; the file's new size."""
         size = self._repair_tail(fd, size, path, session_id)
         try:
             _write_all(fd, data)
@@ -524,6 +730,7 @@ class FileStore:
                 _fdatasync(fd)
             except OSError as exc:
                 raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
+        return size + len(data)
 
     def _repair_tail(self, fd: int, size: int, path: Path, session_id: str) -> int:
         """Make the file end at a newline; return its size."""
@@ -547,15 +754,22 @@ class FileStore:
             except FileExistsError:
                 n += 1
         try:
-            _write_all(afd, fragment)
-            if self.durability == "fsync":
-                try:
-                    os.fsync(afd)
-                except OSError as exc:
-                    raise self._poison(session_id, f"fsync of {aside} failed", exc) from exc
-        finally:
-            os.close(afd)
-        self._sync_dir(session_id)
+            try:
+                _write_all(afd, fragment)
+                if self.durability == "fsync":
+                    try:
+                        os.fsync(afd)
+                    except OSError as exc:
+                        raise self._poison(session_id, f"fsync of {aside} failed", exc) from exc
+            finally:
+                os.close(afd)
+            self._sync_dir(session_id)
+        except BaseException:
+            # The fragment is still in the session file, untouched: a copy that
+            # failed to land is of no use, and each retry would leave another.
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+            raise
         # The truncation reaches the disk with the append's fdatasync.
         os.ftruncate(fd, cut)
         return cut
@@ -565,11 +779,9 @@ class FileStore:
         with open(fd, "rb", closefd=True) as f:
             fcntl.flock(fd, fcntl.LOCK_SH)
             data = f.read()
+            st = os.fstat(fd)
+        self._check_record(data, session_id, path)
         first = data.find(b"\n")
-        if first < 0:
-            raise CorruptLog("no complete session_init line",
-                             session_id=session_id, path=str(path), line=1)
-        self._check_record(data[:first], session_id, path)
         end = data.rfind(b"\n") + 1
         diagnostics: list[str] = []
         if end < len(data):
@@ -578,7 +790,21 @@ class FileStore:
                 f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
                 f"with no newline), left by an append that did not finish"
             )
-        return EntryLog(_decode_body(data, first + 1, end, session_id, path), diagnostics)
+        entries = _decode_body(data, first + 1, end, session_id, path)
+        self._remember_ids(session_id, st, end, entries)
+        return EntryLog(entries, diagnostics)
+
+    def _remember_ids(self, session_id: str, st: os.stat_result, size: int,
+                      entries: Sequence[Entry]) -> None:
+        """Keep a load's ids, so that the next append need not read the file for them."""
+        known = _KnownIds()
+        known.ids.update(e.id for e in entries)
+        known.size = size
+        with self._lock:
+            self._loaded_ids.pop(session_id, None)
+            self._loaded_ids[session_id] = (st.st_dev, st.st_ino, known)
+            if len(self._loaded_ids) > _MAX_LOADED_IDS:
+                del self._loaded_ids[next(iter(self._loaded_ids))]
 
     def _load_session(self, session_id: str) -> SessionRecord:
         fd, path = self._open(session_id, os.O_RDONLY)
@@ -587,28 +813,61 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def _all_records(self) -> list[SessionRecord]:
-        # No cache: a deleted and re-created session can get the old inode
-        # back, so only reading the first line is sure to be current.
-        records: list[SessionRecord] = []
-        with os.scandir(self.root) as it:
+    def _catalog_now(self) -> _Catalog:
+        now = time.time_ns()  # before the stat: a change after it is stamped later
+        st = os.stat(self._dir)
+        old = self._catalog
+        if old is not None and old.current(st):
+            return old
+        files: dict[str, _Listed] = {}
+        with os.scandir(self._dir) as it:
             for item in it:
                 if not item.name.endswith(SUFFIX) or item.name.startswith("."):
                     continue
-                try:
-                    fd = os.open(item.path, os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    continue  # deleted while we listed
-                try:
-                    records.append(self._read_record(fd, None, Path(item.path)))
-                finally:
-                    os.close(fd)
-        return records
+                known = None if old is None else old.files.get(item.name)
+                listed = self._list_one(item, known, now)
+                if listed is not None:
+                    files[item.name] = listed
+        catalog = _Catalog(st, _settled(st.st_mtime_ns, now), files)
+        self._catalog = catalog
+        return catalog
+
+    def _list_one(self, item: os.DirEntry[str], known: _Listed | None,
+                  now: int) -> _Listed | None:
+        """What the file at ``item`` holds: reused from ``known`` if it is surely the same file."""
+        path = item.path  # a str: this runs once per file, and Path costs more than the read
+        try:
+            if known is not None and known.still(item):
+                return known
+            if not item.is_file(follow_symlinks=False):
+                kind = _kind(os.stat(path, follow_symlinks=False).st_mode)
+                return _Listed(item.inode(), CorruptLog(f"not a session log: {kind}", path=path),
+                               now)
+            # The directory entry said "regular file", and O_NONBLOCK keeps a
+            # file swapped for a FIFO since from blocking us (its pread then
+            # fails); no fstat here, it was a tenth of the listing's cost.
+            fd = os.open(path, _LIST_FLAGS)
+            try:
+                head = os.pread(fd, _FIRST_READ, 0)
+                if len(head) == _FIRST_READ and b"\n" not in head:
+                    head = os.pread(fd, _MAX_HEADER, 0)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return None  # deleted while we listed
+        except OSError as exc:
+            return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path), now)
+        try:
+            found: SessionRecord | CorruptLog = self._check_record(head, None, path)
+        except CorruptLog as exc:
+            found = exc
+        return _Listed(item.inode(), found, now)
 
     def _delete(self, session_id: str) -> None:
         self._check_writable(session_id)
         with self._lock:
             cached = self._logs.pop(session_id, None)
+            self._loaded_ids.pop(session_id, None)
         if cached is not None:
             os.close(cached.fd)
         fd, path = self._open(session_id, os.O_RDONLY)
@@ -625,6 +884,84 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+
+# How long after a change to a directory (or file) its timestamps may still
+# repeat: file systems stamp changes from a clock that ticks in steps, so a
+# change made just after a listing read the directory can carry the very
+# timestamp the listing saw. Timestamps that are whole seconds suggest a file
+# system that keeps no more than seconds.
+_RACY_NS = 50_000_000
+_RACY_COARSE_NS = 2_000_000_000
+
+
+def _settled(stamp_ns: int, seen_at_ns: int) -> bool:
+    """True if a change after ``seen_at_ns`` must give a timestamp other than ``stamp_ns``."""
+    margin = _RACY_COARSE_NS if stamp_ns % 1_000_000_000 == 0 else _RACY_NS
+    return stamp_ns < seen_at_ns - margin
+
+
+class _Listed:
+    """One ``*.jsonl`` in the root as a listing found it (a plain class: cheaper to make)."""
+
+    __slots__ = ("found", "ino", "seen_at")
+
+    def __init__(self, ino: int, found: SessionRecord | CorruptLog, seen_at: int) -> None:
+        self.ino = ino
+        self.found = found
+        self.seen_at = seen_at  # time.time_ns() before the scan that read it
+
+    def still(self, item: os.DirEntry[str]) -> bool:
+        """Whether the file at ``item`` is surely the one read, unchanged since.
+
+        Same inode, and a ctime a tick older than the read: any change to the
+        file after the read (or a new file that got the old inode back)
+        would carry a later ctime.
+        """
+        return (type(self.found) is SessionRecord and item.inode() == self.ino
+                and _settled(os.stat(item.path, follow_symlinks=False).st_ctime_ns,
+                             self.seen_at))
+
+
+class _Catalog:
+    """What one scan of the root found, and whether it may be served again.
+
+    Creating, deleting or renaming a session changes the directory's mtime,
+    so while the mtime (and the directory itself) is unchanged, no session
+    came or went and the scan still holds. Because a timestamp can repeat
+    for a change made within a clock tick of the scan, a scan is served
+    again only if the mtime it saw is older than that (``_settled``); a
+    busy directory is scanned again on every call. A scan after a change
+    re-reads only files it has not seen, and files whose inode changed or
+    whose ctime is not a tick older than the scan that read them (a session
+    deleted and created again may get the old inode back, but not an old
+    ctime); everything else is reused.
+
+    Not noticed: another program rewriting a session file's first line in
+    place. The store never does; the first line is written once.
+    """
+
+    __slots__ = ("dev", "files", "ino", "keys", "mtime_ns", "problems", "records", "reusable")
+
+    def __init__(self, st: os.stat_result, reusable: bool, files: dict[str, _Listed]) -> None:
+        self.dev, self.ino, self.mtime_ns = st.st_dev, st.st_ino, st.st_mtime_ns
+        self.reusable = reusable
+        self.files = files
+        keyed = sorted((sort_key(f.found), f.found) for f in files.values()
+                       if isinstance(f.found, SessionRecord))
+        self.keys = [k for k, _ in keyed]  # unique (ids are), so records are never compared
+        self.records = [r for _, r in keyed]
+        self.problems = sorted((f.found for f in files.values()
+                                if isinstance(f.found, CorruptLog)), key=lambda e: e.path or "")
+
+    def current(self, st: os.stat_result) -> bool:
+        return self.reusable and (st.st_dev, st.st_ino, st.st_mtime_ns) == (
+            self.dev, self.ino, self.mtime_ns)
+
+
+def _repeats(session_id: str, path: Path, where: str) -> StoreError:
+    return StoreError(f"{path}: append to session {session_id!r} repeats an entry id {where}; "
+                      f"nothing was appended", session_id=session_id)
 
 
 _STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()

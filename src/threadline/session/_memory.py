@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
-from threadline.errors import (
-    ConfigError,
-    InvalidSessionId,
-    SessionExists,
-    SessionNotFound,
-    StoreError,
-)
+from threadline.errors import SessionExists, SessionNotFound, StoreError
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import EntryLog, SessionPage
+from threadline.session._storekit import check_record, check_session_id, page_records
 
 __all__ = ["MemoryStore"]
 
@@ -40,7 +34,7 @@ class MemoryStore:
         self._ids: dict[str, set[str]] = {}
 
     async def create_session(self, record: SessionRecord) -> None:
-        check_session_id(record.id)
+        check_record(record)
         with self._lock:
             if record.id in self._records:
                 raise SessionExists(record.id, "memory store")
@@ -49,6 +43,7 @@ class MemoryStore:
             self._ids[record.id] = set()
 
     async def load_entries(self, session_id: str) -> EntryLog:
+        check_session_id(session_id)
         with self._lock:
             lines = self._logs.get(session_id)
             if lines is None:
@@ -59,6 +54,7 @@ class MemoryStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         # Encode before taking the lock: an entry that cannot be encoded leaves
         # the log untouched (all or nothing).
+        check_session_id(session_id)
         lines = [encode_entry(entry) for entry in entries]
         new_ids = {entry.id for entry in entries}
         with self._lock:
@@ -74,6 +70,7 @@ class MemoryStore:
             ids |= new_ids
 
     async def load_session(self, session_id: str) -> SessionRecord:
+        check_session_id(session_id)
         with self._lock:
             record = self._records.get(session_id)
         if record is None:
@@ -86,6 +83,7 @@ class MemoryStore:
         return page_records(records, limit=limit, cursor=cursor)
 
     async def delete_session(self, session_id: str) -> None:
+        check_session_id(session_id)
         with self._lock:
             if self._records.pop(session_id, None) is None:
                 raise SessionNotFound(session_id, "memory store")
@@ -94,39 +92,3 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Nothing to release; the data stays readable until the object is dropped."""
-
-
-def check_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not session_id:
-        raise InvalidSessionId(f"session id must be a non-empty string, got {session_id!r}")
-    try:
-        session_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidSessionId(
-            f"session id {session_id!r} is not valid Unicode text", session_id=session_id
-        ) from exc
-    return session_id
-
-
-def _aware(dt: datetime) -> datetime:
-    # A naive created_at is taken as UTC so it can be ordered with aware ones.
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
-
-
-def page_records(
-    records: list[SessionRecord], *, limit: int, cursor: str | None
-) -> SessionPage:
-    """One page of ``records``, newest first by ``created_at`` then ``id`` descending.
-
-    Shared by the stores that hold their records in memory or in files.
-    """
-    if limit < 1:
-        raise ConfigError(f"list_sessions limit must be at least 1, got {limit}")
-    records = sorted(records, key=lambda r: (_aware(r.created_at), r.id), reverse=True)
-    if cursor is not None:
-        after_at, after_id = decode_cursor(cursor)
-        after = (_aware(after_at), after_id)
-        records = [r for r in records if (_aware(r.created_at), r.id) < after]
-    page = records[:limit]
-    next_cursor = encode_cursor(page[-1]) if len(records) > limit else None
-    return SessionPage(sessions=page, next_cursor=next_cursor)

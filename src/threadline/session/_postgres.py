@@ -2,8 +2,12 @@
 
 psycopg 3 (async) over a psycopg-pool ``AsyncConnectionPool``. The tables live
 in their own schema (``threadline`` unless told otherwise) and every primary
-key and index starts with ``session_id``, so the tables can be distributed by
-``session_id`` (Citus-style) without a change.
+key and unique key starts with ``session_id``, so the tables can be
+distributed by ``session_id`` (Citus-style) without a change. The one other
+index, ``sessions_newest`` on ``(created_at DESC, session_id DESC)``, serves
+``list_sessions``: on a distributed table every shard has it, answers the
+keyset query for its own sessions, and the coordinator merges the shards'
+first pages (``bench/pg_listing.py`` measures it at 100,000 sessions).
 
 Append order across processes: each session row carries a ``next_seq``
 counter. An append bumps it and inserts its entries numbered below the new
@@ -27,24 +31,29 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from threadline.errors import (
     ConfigError,
-    CorruptLog,
-    InvalidSessionId,
     SessionExists,
     SessionNotFound,
     StoreError,
     missing_extra,
 )
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._memory import check_session_id
-from threadline.session._sqlite import entry_type
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._storekit import (
+    aware,
+    check_limit,
+    check_record,
+    check_session_id,
+    decode_rows,
+    entry_type,
+    page_fetched,
+)
 
 try:
     import psycopg
@@ -81,6 +90,16 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
             PRIMARY KEY (session_id, seq),
             UNIQUE (session_id, entry_id)
         );
+        """,
+    ),
+    (
+        2,
+        # list_sessions reads the newest records in key order from here
+        # instead of sorting the whole table. Not unique, so it need not
+        # start with session_id: on a table distributed by session_id each
+        # shard keeps its own copy and answers "newest n" from it.
+        """
+        CREATE INDEX sessions_newest ON {s}.sessions (created_at DESC, session_id DESC);
         """,
     ),
 )
@@ -125,7 +144,7 @@ def redact(url: str) -> str:
 
 
 class PostgresStore:
-    """A ``ManagedStore`` in PostgreSQL.
+    """A ``CatalogStore`` in PostgreSQL.
 
     ``url_or_pool`` is a libpq URL/conninfo string, or an
     ``AsyncConnectionPool`` the application already owns (the store then
@@ -293,21 +312,14 @@ class PostgresStore:
         await self._start(session_id)
         return await self._with_conn(what, session_id, fn)
 
-    def _sid(self, session_id: object) -> str:
-        sid = check_session_id(session_id)
-        if "\x00" in sid:
-            raise InvalidSessionId(f"PostgreSQL text cannot hold NUL: session id {sid!r}",
-                                   session_id=sid)
-        return sid
-
     def _record(self, row: tuple[Any, ...]) -> SessionRecord:
         return SessionRecord(id=row[0], parent_id=row[1], created_at=row[2].astimezone(UTC))
 
     # -- the Store contract -----------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
-        sid = self._sid(record.id)
-        created = _aware(record.created_at)
+        sid = check_record(record)
+        created = aware(record.created_at)
 
         async def op(conn: Conn) -> int:
             cur = await conn.execute(self._q["create"], (sid, record.parent_id, created))
@@ -317,7 +329,7 @@ class PostgresStore:
             raise SessionExists(sid, self._where)
 
     async def load_entries(self, session_id: str) -> EntryLog:
-        sid = self._sid(session_id)
+        sid = check_session_id(session_id)
 
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
             cur = await conn.execute(self._q["load"], (sid,), binary=True)
@@ -326,19 +338,10 @@ class PostgresStore:
         rows = await self._run("load_entries", sid, op)
         if not rows:
             raise SessionNotFound(sid, self._where)
-        log = EntryLog()
-        for seq, data in rows:
-            if seq is None:
-                break  # the LEFT JOIN row of a session with no entries
-            where = f"{self._where}, table entries row (session_id={sid!r}, seq={seq})"
-            if not isinstance(data, bytes):
-                raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
-                                 session_id=sid, path=where)
-            log.append(decode_entry(data, session_id=sid, path=where))
-        return log
+        return decode_rows(rows, sid, self._where + ",")
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        sid = self._sid(session_id)
+        sid = check_session_id(session_id)
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
@@ -363,7 +366,7 @@ class PostgresStore:
     # -- beyond the contract ----------------------------------------------------
 
     async def load_session(self, session_id: str) -> SessionRecord:
-        sid = self._sid(session_id)
+        sid = check_session_id(session_id)
 
         async def op(conn: Conn) -> tuple[Any, ...] | None:
             cur = await conn.execute(self._q["session"], (sid,))
@@ -375,8 +378,7 @@ class PostgresStore:
         return self._record(row)
 
     async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
-        if limit < 1:
-            raise ConfigError(f"list_sessions limit must be at least 1, got {limit}")
+        check_limit(limit)
         after = None if cursor is None else decode_cursor(cursor)
 
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
@@ -384,17 +386,14 @@ class PostgresStore:
                 cur = await conn.execute(self._q["list_first"], (limit + 1,))
             else:
                 cur = await conn.execute(self._q["list_after"],
-                                         (_aware(after[0]), after[1], limit + 1))
+                                         (aware(after[0]), after[1], limit + 1))
             return await cur.fetchall()
 
         rows = await self._run("list_sessions", None, op)
-        records = [self._record(r) for r in rows[:limit]]
-        more = len(rows) > limit
-        return SessionPage(sessions=records,
-                           next_cursor=encode_cursor(records[-1]) if more else None)
+        return page_fetched([self._record(r) for r in rows], limit)
 
     async def delete_session(self, session_id: str) -> None:
-        sid = self._sid(session_id)
+        sid = check_session_id(session_id)
 
         async def op(conn: Conn) -> None:
             async with conn.transaction():
@@ -412,8 +411,3 @@ class PostgresStore:
         self._closed = True
         if self._owns_pool:
             await self._pool.close()
-
-
-def _aware(dt: datetime) -> datetime:
-    # A naive time is taken as UTC, as the other stores do.
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt

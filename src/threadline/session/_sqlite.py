@@ -37,28 +37,34 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from threadline.errors import (
     ConfigError,
-    CorruptLog,
     DurabilityError,
     SessionExists,
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
-from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
-from threadline.session._memory import check_session_id
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._codec import encode_entry
+from threadline.session._entries import Entry, SessionRecord
+from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._storekit import (
+    check_limit,
+    check_record,
+    check_session_id,
+    decode_rows,
+    entry_type,
+    from_micros,
+    page_fetched,
+    to_micros,
+)
 
 __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Longest single wait inside SQLite's busy handler; see the module docstring.
 _BUSY_SLICE = 0.005
@@ -92,14 +98,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
 _DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
-def _to_micros(dt: datetime) -> int:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)  # naive times are taken as UTC, as in the codec
-    return (dt - _EPOCH) // timedelta(microseconds=1)
-
-
-def _from_micros(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
+def _record(row: tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(id=row[0], parent_id=row[1], created_at=from_micros(row[2]))
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -108,7 +108,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 
 
 class SQLiteStore:
-    """A ``ManagedStore`` in one SQLite file.
+    """A ``CatalogStore`` in one SQLite file.
 
     ``path`` is the database file (created with its folder if missing, unless
     ``create=False``: then a missing file is a ``StoreError``).
@@ -264,11 +264,18 @@ class SQLiteStore:
         return StoreError(f"{where}: {name or type(exc).__name__}: {exc}",
                           session_id=session_id)
 
+    def _check_writable(self, session_id: str) -> None:
+        if self._poisoned is not None:
+            raise DurabilityError(f"{self.path}: an earlier write failed to be durable; this "
+                                  f"store refuses writes, reopen it", session_id=session_id
+                                  ) from self._poisoned
+
     # -- the Store contract -----------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
-        sid = check_session_id(record.id)
-        created = _to_micros(record.created_at)
+        sid = check_record(record)
+        self._check_writable(sid)
+        created = to_micros(record.created_at)
 
         def op(conn: sqlite3.Connection) -> None:
             try:
@@ -297,24 +304,11 @@ class SQLiteStore:
         rows = await self._call(op)
         if not rows:
             raise SessionNotFound(sid, self.path)
-        log = EntryLog()
-        for seq, data in rows:
-            if seq is None:
-                break  # the LEFT JOIN row of a session with no entries
-            if not isinstance(data, bytes):
-                raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
-                                 session_id=sid, path=self._row(sid, seq))
-            log.append(decode_entry(data, session_id=sid, path=self._row(sid, seq)))
-        return log
-
-    def _row(self, session_id: str, seq: int) -> str:
-        return f"{self.path} table entries row (session_id={session_id!r}, seq={seq})"
+        return decode_rows(rows, sid, self.path)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
-        if self._poisoned is not None:
-            raise DurabilityError(f"{self.path}: an earlier write failed to be durable; "
-                                  f"reopen the store", session_id=sid) from self._poisoned
+        self._check_writable(sid)
         rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e)) for e in entries]
 
         def body(conn: sqlite3.Connection) -> None:
@@ -360,11 +354,10 @@ class SQLiteStore:
         row = await self._call(op)
         if row is None:
             raise SessionNotFound(sid, self.path)
-        return SessionRecord(id=row[0], parent_id=row[1], created_at=_from_micros(row[2]))
+        return _record(row)
 
     async def list_sessions(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
-        if limit < 1:
-            raise ConfigError(f"list_sessions limit must be >= 1, got {limit}")
+        check_limit(limit)
         after = None if cursor is None else decode_cursor(cursor)
 
         def op(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
@@ -375,21 +368,18 @@ class SQLiteStore:
             else:
                 sql = ("SELECT id, parent_id, created_at FROM sessions "
                        "WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?")
-                args = (_to_micros(after[0]), after[1], limit + 1)
+                args = (to_micros(after[0]), after[1], limit + 1)
             try:
                 return self._retry_busy(lambda: conn.execute(sql, args).fetchall())
             except sqlite3.Error as exc:
                 raise self._translate(exc, "list_sessions") from exc
 
         rows = await self._call(op)
-        records = [SessionRecord(id=r[0], parent_id=r[1], created_at=_from_micros(r[2]))
-                   for r in rows[:limit]]
-        more = len(rows) > limit
-        return SessionPage(sessions=records,
-                           next_cursor=encode_cursor(records[-1]) if more else None)
+        return page_fetched([_record(r) for r in rows], limit)
 
     async def delete_session(self, session_id: str) -> None:
         sid = check_session_id(session_id)
+        self._check_writable(sid)
 
         def body(conn: sqlite3.Connection) -> None:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
@@ -419,10 +409,3 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
-
-
-def entry_type(entry: Entry) -> str:
-    """The ``type`` discriminator an entry encodes with."""
-    if isinstance(entry, OpaqueEntry):
-        return entry.type
-    return str(entry.__struct_config__.tag)

@@ -1,19 +1,6 @@
-"""The Store contract (S7).
+"""The Store contract (S7), written once: on ``Store`` and in docs/writing-a-store.md.
 
-A store needs exactly three async methods. ``create_session`` registers a
-session's existence and lineage once; ``load_entries`` and ``append_entries``
-manage its append-only log. Entries come back in append order; the tree is
-rebuilt from parent pointers, and the leaf after loading is the last entry.
-
-Entry ids are unique within a session. An append that repeats an id already
-in the session, or repeats one within itself, may be refused with
-``StoreError``, appending nothing: the memory, SQLite and PostgreSQL stores
-refuse it. A store that cannot check without reading its whole log may append
-it (the file store does); readers then keep the first entry with that id
-(``TreeIndex`` counts the repeats in ``duplicates``).
-
-The built-in stores add ``load_session``, ``list_sessions`` and
-``delete_session`` (see ``ManagedStore``); a custom store need not.
+``threadline.testing.StoreConformance`` checks every rule stated here.
 """
 
 from __future__ import annotations
@@ -24,9 +11,10 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from threadline.errors import ConfigError, CorruptLog
 from threadline.session._entries import Entry, SessionRecord
 
-__all__ = ["EntryLog", "ManagedStore", "SessionPage", "Store", "decode_cursor", "encode_cursor"]
+__all__ = ["CatalogStore", "EntryLog", "SessionPage", "Store", "decode_cursor", "encode_cursor"]
 
 
 class EntryLog(list[Entry]):
@@ -46,6 +34,53 @@ class EntryLog(list[Entry]):
 
 @runtime_checkable
 class Store(Protocol):
+    """Where sessions live: three async methods, nothing else required (S7).
+
+    Sessions. ``create_session`` registers a ``SessionRecord`` once; its
+    ``id``, ``parent_id`` and ``created_at`` (to the microsecond) are kept
+    unchanged. Creating an id that exists raises ``SessionExists``, even
+    with an identical record.
+
+    Session ids. Every method refuses an id that breaks the one session-id
+    rule (a non-empty ``str`` of valid Unicode, no NUL, at most 1,024 UTF-8
+    bytes) with ``InvalidSessionId`` before touching storage. A store gives
+    the id no other meaning.
+
+    Errors. Every error is a ``StoreError`` naming the session in
+    ``session_id``. ``SessionNotFound.session_id`` is the id that was asked
+    for. Stored data that cannot be decoded raises ``CorruptLog`` naming
+    where it lies; data written by a newer format version is refused the
+    same way, with a message saying to upgrade.
+
+    Appends. ``append_entries`` is all or nothing, whatever the batch size:
+    when it returns every entry is durable; when it raises none was stored,
+    and no reader on any handle ever sees part of a batch. An empty batch
+    still requires the session (``SessionNotFound``). Entry ids are unique
+    in a session: a batch that repeats an id already stored, or repeats one
+    within itself, is refused whole with ``StoreError`` and nothing is
+    appended, so retrying an append whose outcome is unknown never stores
+    it twice. A store does not check that an entry's parent exists (the
+    tree index treats such an entry as a root); it stores what it is given
+    and loads it back byte for byte.
+
+    Loads. ``load_entries`` returns every entry in append order as a list
+    (the built-in stores return an ``EntryLog``, a list with
+    ``diagnostics``). Every handle on the same storage sees an append as
+    soon as it was acknowledged: no handle may serve a stale copy, and two
+    handles appending after the same leaf grow sibling branches (S4).
+
+    Durable means: a local store has the data on stable storage (fsync)
+    when the call returns; a network store has it committed by the server,
+    so it survives the client's crash and the server's restart. When the
+    connection is lost after the commit was sent, the outcome is unknown:
+    the store raises ``StoreError`` and the caller reloads (or retries,
+    which the duplicate-id rule makes safe). After a ``DurabilityError`` a
+    handle refuses every later create, append and delete.
+
+    ``close()``, when a store has it, may be called more than once; after
+    it a call either works or raises ``StoreError``.
+    """
+
     async def create_session(self, record: SessionRecord) -> None:
         """Register a new session. Raises ``SessionExists`` if the id is taken."""
         ...
@@ -60,15 +95,24 @@ class Store(Protocol):
 
 
 class SessionPage(msgspec.Struct, frozen=True, kw_only=True):
-    """One page of ``list_sessions``: newest first; pass ``next_cursor`` for more."""
+    """One page of ``list_sessions``: newest first; pass ``next_cursor`` for more.
+
+    ``problems`` names what the store found in place of a session and could
+    not read (a file that is not a session log, for example), one
+    ``CorruptLog`` each, with its ``path``. They never hide the good
+    sessions. A store reports them on the first page (no cursor).
+    """
 
     sessions: list[SessionRecord]
     next_cursor: str | None = None
+    problems: list[CorruptLog] = msgspec.field(default_factory=list)
 
 
 @runtime_checkable
-class ManagedStore(Store, Protocol):
-    """What the built-in stores offer beyond the contract."""
+class CatalogStore(Store, Protocol):
+    """A ``Store`` that also keeps a catalog of its sessions: read one record,
+    list them page by page, delete one. Every built-in store is one.
+    """
 
     async def load_session(self, session_id: str) -> SessionRecord:
         """The record (existence and lineage). Raises ``SessionNotFound``."""
@@ -77,7 +121,15 @@ class ManagedStore(Store, Protocol):
     async def list_sessions(
         self, *, limit: int = 100, cursor: str | None = None
     ) -> SessionPage:
-        """Sessions ordered newest first by ``created_at``, then ``id`` descending."""
+        """Sessions ordered newest first by ``created_at``, then ``id`` descending.
+
+        Each record equals what ``load_session`` returns. ``limit`` is an
+        integer of at least 1 and ``cursor`` a ``next_cursor`` of an earlier
+        page of this store; anything else raises ``ConfigError``. Pages are
+        keyset pages: a session created between two calls does not shift the
+        later pages. A listing never returns a deleted session and never
+        misses one that any handle created before the call.
+        """
         ...
 
     async def delete_session(self, session_id: str) -> None:
@@ -98,10 +150,11 @@ def encode_cursor(record: SessionRecord) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    from threadline.errors import ConfigError
-
+    """The position ``encode_cursor`` wrote. Raises ``ConfigError`` for anything else."""
+    if not isinstance(cursor, str):
+        raise ConfigError(f"a list_sessions cursor is a string, got {type(cursor).__name__}")
     try:
         c = msgspec.json.decode(bytes.fromhex(cursor), type=_Cursor)
     except (ValueError, msgspec.DecodeError) as exc:
-        raise ConfigError(f"not a list_sessions cursor: {cursor!r}") from exc
+        raise ConfigError(f"not a list_sessions cursor: {cursor[:80]!r}") from exc
     return c.created_at, c.id

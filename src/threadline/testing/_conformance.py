@@ -1,5 +1,8 @@
 """The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
 
+Each test checks one rule of docs/writing-a-store.md (the Store contract);
+the page names the test for each rule.
+
 Subclass ``StoreConformance`` in a test module and give it a factory::
 
     from pathlib import Path
@@ -26,13 +29,27 @@ The factory's contract:
   ``close`` method.
 - Handles may be opened from other threads, each running its own event loop.
 
-Optional hooks:
+Child processes. The multi-process tests run ``make_store(tmp_path)`` in
+child processes (started with ``spawn``) by default, which works when the
+test class is defined at module level of an importable test module, as
+above. Otherwise override ``store_opener(tmp_path)`` to return a picklable
+zero-argument callable that opens the same storage, in one line::
 
-- ``store_opener(tmp_path)``: a picklable zero-argument callable (for example
-  ``functools.partial(MyStore, str(tmp_path / "db"))``) that child processes
-  call to open the same storage; it may return the store or an awaitable of
-  it. Return ``None`` (the default) to skip the multi-process tests.
-- ``process_count`` / ``process_appends``: the size of the multi-process test.
+    def store_opener(self, tmp_path: Path) -> StoreOpener:
+        return functools.partial(MyStore, str(tmp_path / "db"))
+
+A test that cannot open the store in a child fails and says why; it never
+skips quietly. ``process_count`` / ``process_appends`` size the test.
+
+Optional hooks for reaching past the store's own checks (tests that need a
+hook the store lacks skip, naming the hook):
+
+- ``write_stored(store, session_id, data)``: put ``data`` into the
+  session's log as its next stored entry exactly as given, bypassing
+  encoding and validation (a raw ``INSERT``, a line appended to a file).
+- ``write_format_version(store, session_id, version)``: mark the session as
+  written by format ``version``, for stores that keep a format version per
+  session (the file store's first line).
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
 ``delete_session``) are tested only when the store has them. To skip a test
@@ -43,8 +60,11 @@ that cannot apply to your store, override it with a method marked
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import multiprocessing
+import pickle
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -66,9 +86,17 @@ from threadline.ai._messages import (
     Usage,
     UserMessage,
 )
-from threadline.errors import SessionExists, SessionNotFound, StoreError
+from threadline.errors import (
+    ConfigError,
+    CorruptLog,
+    InvalidSessionId,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+)
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import (
+    FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,
     CustomEntry,
@@ -81,6 +109,7 @@ from threadline.session._entries import (
 )
 from threadline.session._ids import new_id
 from threadline.session._store import Store
+from threadline.session._storekit import MAX_SESSION_ID_BYTES
 from threadline.session._tree import TreeIndex
 
 __all__ = [
@@ -226,6 +255,20 @@ def check_concurrent_log(
         assert entry.parent_id is None or entry.parent_id in present, entry
 
 
+def _fields(record: SessionRecord) -> tuple[str, str | None, datetime]:
+    return record.id, record.parent_id, record.created_at
+
+
+def _chain(count: int, parent_id: str | None = None, writer: int = 0) -> list[Entry]:
+    """``count`` entries, each the child of the one before."""
+    out: list[Entry] = []
+    for n in range(count):
+        entry = _chain_entry(parent_id, writer, n)
+        parent_id = entry.id
+        out.append(entry)
+    return out
+
+
 def _chain_entry(parent_id: str | None, writer: int, n: int) -> MessageEntry:
     return MessageEntry(
         parent_id=parent_id,
@@ -276,6 +319,10 @@ def _process_append(opener: StoreOpener, session_id: str, writer: int, count: in
     return asyncio.run(run())
 
 
+async def _open_with_suite(suite: type[StoreConformance], tmp_path: Path) -> Store:
+    return await suite().make_store(tmp_path)
+
+
 def _process_create(opener: StoreOpener, session_id: str) -> bool:
     async def run() -> bool:
         store = await _open(opener)
@@ -304,12 +351,35 @@ class StoreConformance:
         raise NotImplementedError("subclasses of StoreConformance implement make_store")
 
     def store_opener(self, tmp_path: Path) -> StoreOpener | None:
-        return None
+        """How a child process opens the storage; by default ``make_store`` in the child.
+
+        Return ``None`` only for a store whose data cannot be shared between
+        processes (then also set ``shared_instances = False``).
+        """
+        if not self.shared_instances:
+            return None
+        return functools.partial(_open_with_suite, type(self), tmp_path)
+
+    async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
+        """Hook: store ``data`` as the session's next entry, bypassing every check."""
+        pytest.skip(f"{type(self).__name__} has no write_stored hook")
+
+    async def write_format_version(self, store: Store, session_id: str, version: int) -> None:
+        """Hook: mark the session as written by format ``version``."""
+        pytest.skip(f"{type(self).__name__} has no write_format_version hook "
+                    f"(a store without a per-session format version needs none)")
 
     # -- plumbing -------------------------------------------------------------
 
-    @pytest_asyncio.fixture
-    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+    @contextlib.asynccontextmanager
+    async def running(self, tmp_path: Path) -> AsyncIterator[Store]:
+        """What the ``store`` fixture does: a fresh store, every handle closed after.
+
+        Also the way to run one test of the suite by hand::
+
+            async with suite.running(tmp_path) as store:
+                await suite.test_s8_append_order_is_kept(store)
+        """
         self._tmp_path = tmp_path
         self._handles: list[Store] = []
         main = await self.make_store(tmp_path)
@@ -320,6 +390,11 @@ class StoreConformance:
         finally:
             for handle in reversed(self._handles):
                 await _close(handle)
+
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        async with self.running(tmp_path) as main:
+            yield main
 
     async def another_handle(self) -> Store:
         """A second handle on the same data (the same object if not shared)."""
@@ -433,28 +508,23 @@ class StoreConformance:
         with pytest.raises(SessionNotFound):
             await store.load_entries("conf-missing")
 
-    async def test_s8_repeated_entry_id_is_refused_whole_or_kept_after(
-        self, store: Store
-    ) -> None:
-        # The Store docstring: refuse the whole append with StoreError, or
-        # append it; earlier entries never change and readers keep the first.
+    async def test_s8_repeated_entry_id_refuses_the_whole_batch(self, store: Store) -> None:
         sid = await self.new_session(store)
         first = _chain_entry(None, 0, 0)
         await store.append_entries(sid, [first])
         repeat = msgspec.structs.replace(first, message=UserMessage.of("a second version"))
-        for batch in ([repeat], [_chain_entry(first.id, 0, 1), repeat]):
-            before = [encode_entry(e) for e in await store.load_entries(sid)]
-            try:
-                await store.append_entries(sid, batch)
-            except StoreError as exc:
-                assert exc.session_id == sid and sid in str(exc)
-                after = [encode_entry(e) for e in await store.load_entries(sid)]
-                assert after == before
-            else:
-                after = [encode_entry(e) for e in await store.load_entries(sid)]
-                assert after == before + [encode_entry(e) for e in batch]
-        loaded = await store.load_entries(sid)
-        assert TreeIndex(loaded).get(first.id) == first
+        fresh = _chain_entry(first.id, 0, 1)
+        twin = msgspec.structs.replace(fresh, message=UserMessage.of("its twin"))
+        other = await self.another_handle()
+        for handle, batch in ((store, [repeat]), (store, [fresh, repeat]),
+                              (store, [fresh, twin]), (other, [fresh, repeat])):
+            with pytest.raises(StoreError) as info:
+                await handle.append_entries(sid, batch)
+            assert info.value.session_id == sid and repr(sid) in str(info.value)
+            assert_same_entries(await store.load_entries(sid), [first])
+        # The id stays free for the batch that is right.
+        await store.append_entries(sid, [fresh])
+        assert_same_entries(await other.load_entries(sid), [first, fresh])
 
     # -- lineage (S6) ---------------------------------------------------------
 
@@ -528,27 +598,31 @@ class StoreConformance:
         list_sessions = getattr(store, "list_sessions", None)
         if list_sessions is None:
             pytest.skip("store has no list_sessions")
-        records = [SessionRecord(id=f"conf-list-{n:02d}", created_at=_at(n)) for n in range(10)]
+        # Every field of every record comes back: lineage on some, microseconds on all.
+        records = [SessionRecord(id=f"conf-list-{n:02d}",
+                                 parent_id=f"conf-origin-{n}" if n % 3 else None,
+                                 created_at=_at(n) + timedelta(microseconds=7 * n + 1))
+                   for n in range(10)]
         # Three sessions created in the same instant: ties break by id, descending.
         records += [SessionRecord(id=f"conf-tie-{c}", created_at=_at(5)) for c in "bca"]
         for record in records:
             await store.create_session(record)
-        expected = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id),
-                                         reverse=True)]
+        expected = [_fields(r) for r in sorted(records, key=lambda r: (r.created_at, r.id),
+                                               reverse=True)]
 
         page = await list_sessions(limit=100)
-        assert [r.id for r in page.sessions] == expected
+        assert [_fields(r) for r in page.sessions] == expected
         assert page.next_cursor is None
 
-        seen: list[str] = []
+        seen: list[tuple[str, str | None, datetime]] = []
         page = await list_sessions(limit=4)
-        seen += [r.id for r in page.sessions]
+        seen += [_fields(r) for r in page.sessions]
         # A session created between pages must not shift the pages (keyset).
         await store.create_session(SessionRecord(id="conf-list-late", created_at=_at(100)))
         while page.next_cursor is not None:
             page = await list_sessions(limit=4, cursor=page.next_cursor)
             assert 0 < len(page.sessions) <= 4
-            seen += [r.id for r in page.sessions]
+            seen += [_fields(r) for r in page.sessions]
         assert seen == expected
         first = (await list_sessions(limit=1)).sessions[0]
         assert first.id == "conf-list-late"
@@ -580,6 +654,184 @@ class StoreConformance:
         # The id is free again, with an empty log.
         await store.create_session(SessionRecord(id=gone))
         assert list(await store.load_entries(gone)) == []
+
+    # -- the written contract (docs/writing-a-store.md) -----------------------
+
+    async def test_s7_identical_record_cannot_be_created_twice(self, store: Store) -> None:
+        record = SessionRecord(id="conf-twice", created_at=_at(1))
+        await store.create_session(record)
+        for handle in (store, await self.another_handle()):
+            with pytest.raises(SessionExists) as info:
+                await handle.create_session(record)
+            assert info.value.session_id == record.id
+
+    async def test_s7_not_found_names_the_session_asked_for(self, store: Store) -> None:
+        await self.new_session(store, "conf-present")
+        sid = "conf-absent"
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.load_entries(sid),
+            lambda: store.append_entries(sid, [_chain_entry(None, 0, 0)]),
+            lambda: store.append_entries(sid, []),  # an empty batch still needs the session
+        ]
+        for name in ("load_session", "delete_session"):
+            method = getattr(store, name, None)
+            if method is not None:
+                calls.append(functools.partial(method, sid))
+        for call in calls:
+            with pytest.raises(SessionNotFound) as info:
+                await call()
+            assert info.value.session_id == sid and repr(sid) in str(info.value)
+        with pytest.raises(SessionNotFound):
+            await store.load_entries(sid)  # and nothing was created on the way
+
+    async def test_s1_one_session_id_rule(self, store: Store) -> None:
+        too_long = "é" * (MAX_SESSION_ID_BYTES // 2 + 1)
+        for sid in ("", "nul\x00inside", "lone \ud800 surrogate", too_long, 42, None):
+            with pytest.raises(InvalidSessionId):
+                await store.create_session(SessionRecord(id=sid))  # type: ignore[arg-type]
+            with pytest.raises(InvalidSessionId):
+                await store.load_entries(sid)  # type: ignore[arg-type]
+            with pytest.raises(InvalidSessionId):
+                await store.append_entries(sid, [])  # type: ignore[arg-type]
+        with pytest.raises(InvalidSessionId):
+            await store.create_session(SessionRecord(id="conf-bad-parent", parent_id="p\x00"))
+        with pytest.raises(SessionNotFound):
+            await store.load_entries("conf-bad-parent")
+        longest = "é" * (MAX_SESSION_ID_BYTES // 2)
+        await store.create_session(SessionRecord(id=longest))
+        await store.append_entries(longest, [_chain_entry(None, 0, 0)])
+        assert len(await store.load_entries(longest)) == 1
+
+    async def test_s6_created_at_keeps_microseconds(self, store: Store) -> None:
+        readers = [getattr(store, n, None) for n in ("load_session", "list_sessions")]
+        if readers == [None, None]:
+            pytest.skip("store has neither load_session nor list_sessions")
+        record = SessionRecord(id="conf-micro", parent_id="conf-origin",
+                               created_at=datetime(2024, 2, 29, 23, 59, 59, 123457, tzinfo=UTC))
+        await store.create_session(record)
+        if readers[0] is not None:
+            assert _fields(await readers[0](record.id)) == _fields(record)
+        if readers[1] is not None:
+            assert [_fields(r) for r in (await readers[1]()).sessions] == [_fields(record)]
+
+    async def test_s4_every_handle_sees_what_another_handle_wrote(self, store: Store) -> None:
+        other = await self.another_handle()
+        sid = await self.new_session(store)
+        assert list(await other.load_entries(sid)) == []  # loaded (and maybe cached) first
+        first = _chain_entry(None, 1, 0)
+        await store.append_entries(sid, [first])
+        assert_same_entries(await other.load_entries(sid), [first])
+        second = _chain_entry(first.id, 2, 0)
+        await other.append_entries(sid, [second])
+        assert_same_entries(await store.load_entries(sid), [first, second])
+        late = await self.new_session(other)
+        assert list(await store.load_entries(late)) == []
+        delete_session = getattr(other, "delete_session", None)
+        if delete_session is not None:
+            await delete_session(late)
+            with pytest.raises(SessionNotFound):
+                await store.load_entries(late)
+
+    async def test_s4_two_handles_append_from_one_leaf_grow_siblings(self, store: Store) -> None:
+        other = await self.another_handle()
+        sid = await self.new_session(store)
+        root = _chain_entry(None, 0, 0)
+        await store.append_entries(sid, [root])
+        leaf_a = TreeIndex(await store.load_entries(sid)).leaf_id
+        leaf_b = TreeIndex(await other.load_entries(sid)).leaf_id
+        first, second = _chain_entry(leaf_a, 1, 1), _chain_entry(leaf_b, 2, 1)
+        await asyncio.gather(store.append_entries(sid, [first]),
+                             other.append_entries(sid, [second]))
+        for handle in (store, other):
+            loaded = await handle.load_entries(sid)
+            assert len(loaded) == 3 and loaded[0].id == root.id
+            children = TreeIndex(loaded).children(root.id)
+            assert sorted(e.id for e in children) == sorted([first.id, second.id])
+
+    async def test_s8_large_batches_are_kept_whole(self, store: Store) -> None:
+        for size in (101, 250, 10_000):
+            sid = await self.new_session(store)
+            batch = _chain(size)
+            await store.append_entries(sid, batch)
+            assert_same_entries(await store.load_entries(sid), batch)
+
+    async def test_s8_readers_never_see_part_of_a_batch(self, store: Store) -> None:
+        reader = await self.another_handle()
+        sid = await self.new_session(store)
+        size, parent, seen = 300, None, set()
+        for _ in range(3):
+            batch = _chain(size, parent)
+            parent = batch[-1].id
+            task = asyncio.ensure_future(store.append_entries(sid, batch))
+            while not task.done():
+                seen.add(len(await reader.load_entries(sid)))
+                await asyncio.sleep(0)
+            await task
+            seen.add(len(await reader.load_entries(sid)))
+        assert seen <= {0, size, 2 * size, 3 * size}, sorted(seen)
+
+    async def test_s8_undecodable_stored_data_is_corrupt_log(self, store: Store) -> None:
+        for data in (
+            b'{"type":"message","id":"conf-cut","timestamp":"2024-05-01T1',
+            b'{"type":"message","id":"conf-alien","timestamp":"2024-05-01T12:00:00Z",'
+            b'"message":{"role":"alien"}}',
+            b"not json at all",
+        ):
+            sid = await self.new_session(store)
+            await store.append_entries(sid, [_chain_entry(None, 0, 0)])
+            await self.write_stored(store, sid, data)
+            with pytest.raises(CorruptLog) as info:
+                await store.load_entries(sid)
+            assert info.value.session_id == sid
+
+    async def test_s8_newer_format_version_is_refused_with_upgrade_advice(
+        self, store: Store
+    ) -> None:
+        sid = await self.new_session(store)
+        await store.append_entries(sid, [_chain_entry(None, 0, 0)])
+        await self.write_format_version(store, sid, FORMAT_VERSION + 1)
+        fresh = await self.another_handle()
+        with pytest.raises(CorruptLog, match="upgrade"):
+            await fresh.load_entries(sid)
+        with pytest.raises(CorruptLog, match="upgrade"):
+            await fresh.append_entries(sid, [_chain_entry(None, 0, 1)])
+
+    async def test_list_sessions_refuses_a_bad_limit_or_cursor(self, store: Store) -> None:
+        list_sessions = getattr(store, "list_sessions", None)
+        if list_sessions is None:
+            pytest.skip("store has no list_sessions")
+        for n in range(3):
+            await store.create_session(SessionRecord(id=f"conf-page-{n}", created_at=_at(n)))
+        for limit in (0, -1):
+            with pytest.raises(ConfigError):
+                await list_sessions(limit=limit)
+        cursor = (await list_sessions(limit=1)).next_cursor
+        assert isinstance(cursor, str)
+        for bad in ("", "not a cursor", cursor[: len(cursor) // 2] + "!"):
+            with pytest.raises(ConfigError):
+                await list_sessions(limit=1, cursor=bad)
+        assert [r.id for r in (await list_sessions(limit=5, cursor=cursor)).sessions] == [
+            "conf-page-1", "conf-page-0"]
+
+    async def test_s7_close_twice_then_calls_work_or_raise_store_error(
+        self, store: Store
+    ) -> None:
+        close = getattr(store, "close", None)
+        if close is None:
+            pytest.skip("store has no close")
+        sid = await self.new_session(store)
+        await close()
+        await close()
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.load_entries(sid),
+            lambda: store.append_entries(sid, [_chain_entry(None, 0, 0)]),
+            lambda: store.create_session(SessionRecord(id="conf-after-close")),
+        ]
+        for call in calls:
+            # Anything but a StoreError (AttributeError on a dropped
+            # connection, a hang) fails the test.
+            with contextlib.suppress(StoreError):
+                await call()
 
     # -- concurrency (S4) -----------------------------------------------------
 
@@ -636,14 +888,29 @@ class StoreConformance:
             raise errors[0]
         check_concurrent_log(await store.load_entries(sid), list(results.values()))
 
+    def _child_opener(self) -> StoreOpener:
+        opener = self.store_opener(self._tmp_path)
+        if opener is None:
+            if not self.shared_instances:
+                pytest.skip("the store's data lives in one process (shared_instances = False)")
+            pytest.fail(f"{type(self).__name__}.store_opener() returned None although "
+                        f"handles share data: return a picklable way to open the store")
+        try:
+            pickle.dumps(opener)
+        except Exception as exc:
+            pytest.fail(
+                f"cannot send {type(self).__name__}'s store opener to a child process "
+                f"({type(exc).__name__}: {exc}). Define the test class at module level, or "
+                f"override store_opener(tmp_path) to return e.g. "
+                f"functools.partial(MyStore, str(tmp_path / 'db'))")
+        return opener
+
     def _process_pool(self, n: int) -> ProcessPoolExecutor:
         # spawn: the parent runs an event loop and threads, which fork would copy.
         return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
 
     async def test_s4_concurrent_appends_from_processes(self, store: Store) -> None:
-        opener = self.store_opener(self._tmp_path)
-        if opener is None:
-            pytest.skip("store_opener() gives no way to open this store in another process")
+        opener = self._child_opener()
         sid = await self.new_session(store)
         loop = asyncio.get_running_loop()
         with self._process_pool(self.process_count) as pool:

@@ -1,0 +1,160 @@
+"""What every built-in store shares: the session-id rule, paging, row decoding.
+
+Each rule here is kept once so that an id, a page or a stored row means the
+same thing on every store; a store module only adds its own I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from threadline.errors import ConfigError, CorruptLog, InvalidSessionId
+from threadline.session._codec import decode_entry
+from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
+from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+
+__all__ = [
+    "MAX_SESSION_ID_BYTES",
+    "aware",
+    "check_limit",
+    "check_record",
+    "check_session_id",
+    "decode_rows",
+    "entry_type",
+    "from_micros",
+    "page_fetched",
+    "page_records",
+    "page_sorted",
+    "sort_key",
+    "to_micros",
+]
+
+MAX_SESSION_ID_BYTES = 1024
+"""Longest session id, in UTF-8 bytes.
+
+PostgreSQL cannot index much more than 2,700 bytes per key, and the file
+store's first line must stay small enough to read with one bounded read.
+"""
+
+
+def check_session_id(session_id: object) -> str:
+    """The one session-id rule of every store (and ``durable.open``).
+
+    A session id is a non-empty ``str`` of valid Unicode text (no lone
+    surrogates) without NUL, at most ``MAX_SESSION_ID_BYTES`` bytes in UTF-8.
+    Anything else raises ``InvalidSessionId`` before a store touches storage.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidSessionId(f"session id must be a non-empty string, got {session_id!r}")
+    try:
+        size = len(session_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidSessionId(
+            f"session id {session_id!r} is not valid Unicode text (it holds a lone surrogate)",
+            session_id=None,
+        ) from exc
+    if "\x00" in session_id:
+        raise InvalidSessionId(f"session id {session_id!r} contains NUL, which no store can "
+                               f"keep", session_id=session_id)
+    if size > MAX_SESSION_ID_BYTES:
+        raise InvalidSessionId(
+            f"session id {session_id[:40]!r}... is {size} bytes in UTF-8; the limit is "
+            f"{MAX_SESSION_ID_BYTES}", session_id=session_id)
+    return session_id
+
+
+def check_record(record: SessionRecord) -> str:
+    """Check a record's id and, when set, its ``parent_id`` (also a session id)."""
+    sid = check_session_id(record.id)
+    if record.parent_id is not None:
+        try:
+            check_session_id(record.parent_id)
+        except InvalidSessionId as exc:
+            raise InvalidSessionId(f"session {sid!r}: parent_id is not a valid session id: "
+                                   f"{exc}", session_id=sid) from exc
+    return sid
+
+
+def aware(dt: datetime) -> datetime:
+    """A naive time taken as UTC, so it orders with aware ones (as the codec reads it)."""
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(dt: datetime) -> int:
+    """Microseconds since the Unix epoch; a naive time is taken as UTC."""
+    return (aware(dt) - _EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def sort_key(record: SessionRecord) -> tuple[int, str]:
+    # Integers, not datetimes: comparing aware datetimes whose tzinfo objects
+    # differ calls utcoffset() twice per comparison, which dominated sorting.
+    return to_micros(record.created_at), record.id
+
+
+def check_limit(limit: int) -> None:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigError(f"list_sessions limit must be an integer of at least 1, got {limit!r}")
+
+
+def page_records(
+    records: Iterable[SessionRecord], *, limit: int, cursor: str | None
+) -> SessionPage:
+    """One page of ``records``, newest first by ``created_at`` then ``id`` descending."""
+    check_limit(limit)
+    after = None if cursor is None else decode_cursor(cursor)
+    return page_sorted(sorted(records, key=sort_key), limit=limit, after=after)
+
+
+def page_sorted(
+    ascending: Sequence[SessionRecord], *, limit: int,
+    after: tuple[datetime, str] | None, keys: Sequence[tuple[int, str]] | None = None,
+) -> SessionPage:
+    """A page from records already sorted oldest first (``keys`` their sort keys)."""
+    if keys is None:
+        keys = [sort_key(r) for r in ascending]
+    end = len(ascending) if after is None else bisect.bisect_left(
+        keys, (to_micros(after[0]), after[1]))
+    start = max(0, end - limit)
+    page = list(reversed(ascending[start:end]))
+    return SessionPage(sessions=page, next_cursor=encode_cursor(page[-1]) if start else None)
+
+
+def page_fetched(records: Sequence[SessionRecord], limit: int) -> SessionPage:
+    """A page from up to ``limit + 1`` records fetched newest first (one extra says "more")."""
+    page = list(records[:limit])
+    more = len(records) > limit
+    return SessionPage(sessions=page, next_cursor=encode_cursor(page[-1]) if more else None)
+
+
+def entry_type(entry: Entry) -> str:
+    """The ``type`` discriminator an entry encodes with."""
+    if isinstance(entry, OpaqueEntry):
+        return entry.type
+    return str(entry.__struct_config__.tag)
+
+
+def decode_rows(rows: Iterable[tuple[Any, Any]], session_id: str, where: str) -> EntryLog:
+    """Entries from ``(seq, data)`` rows of a ``sessions LEFT JOIN entries`` query.
+
+    A session with no entries gives one row whose ``seq`` is NULL.
+    """
+    log = EntryLog()
+    for seq, data in rows:
+        if seq is None:
+            break
+        row = f"{where} table entries row (session_id={session_id!r}, seq={seq})"
+        if not isinstance(data, bytes):
+            raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
+                             session_id=session_id, path=row)
+        log.append(decode_entry(data, session_id=session_id, path=row))
+    return log
