@@ -1,0 +1,233 @@
+"""Claude Code transcripts (``~/.claude/projects/<dir>/<session>.jsonl``) (S30).
+
+Each line is one record: ``user`` and ``assistant`` lines carry an Anthropic
+Messages API message and link by ``uuid``/``parentUuid``; sidechains (a
+sub-agent's conversation) start their own root; ``summary``,
+``file-history-snapshot`` and other lines without a ``uuid`` have no place in
+the tree and are kept raw after the line before them. A compaction is a
+``compact_boundary`` system line (kept raw, hung under the entry it logically
+follows) and then a user line flagged ``isCompactSummary``, which becomes a
+threadline compaction keeping nothing before it, as Claude Code does.
+
+A user line holding several blocks (tool results, then text) becomes one
+entry per block, chained, so each tool result is its own message.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Any
+
+import msgspec
+
+from threadline.ai._messages import (
+    AssistantContent,
+    AssistantMessage,
+    ImagePart,
+    Message,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserContent,
+    UserMessage,
+)
+from threadline.integrations.importers._common import Imported, Lines, entry_id, parse_time
+from threadline.session._entries import CompactionEntry, Entry, MessageEntry, SessionRecord
+
+__all__ = ["import_claude_code"]
+
+FMT = "claude-code"
+_STOP: dict[str | None, StopReason] = {"end_turn": "stop", "stop_sequence": "stop",
+                                       "max_tokens": "length", "tool_use": "tool_use",
+                                       "pause_turn": "stop", "refusal": "stop"}
+# The envelope every line carries; counted as dropped when a line is mapped.
+_MAPPED_TOP = {"type", "uuid", "parentUuid", "timestamp", "message", "isCompactSummary",
+               "toolUseResult"}
+
+
+class _Unmapped(Exception):
+    """A content block threadline has no type for: the line is kept raw."""
+
+
+def _image(block: dict[str, Any]) -> ImagePart:
+    source = block["source"]
+    if source.get("type") != "base64":
+        raise _Unmapped
+    return ImagePart(data=source["data"], mime_type=source["media_type"])
+
+
+def _user_parts(content: Any) -> tuple[UserContent, ...]:
+    if isinstance(content, str):
+        return (TextPart(text=content),)
+    out: list[UserContent] = []
+    for block in content:
+        if block["type"] == "text":
+            out.append(TextPart(text=block["text"]))
+        elif block["type"] == "image":
+            out.append(_image(block))
+        else:
+            raise _Unmapped
+    return tuple(out)
+
+
+def _assistant_parts(content: Any) -> tuple[AssistantContent, ...]:
+    if isinstance(content, str):
+        return (TextPart(text=content),)
+    out: list[AssistantContent] = []
+    for block in content:
+        kind = block["type"]
+        if kind == "text":
+            out.append(TextPart(text=block["text"]))
+        elif kind == "thinking":
+            out.append(ThinkingPart(thinking=block["thinking"], signature=block.get("signature"),
+                                    provider="anthropic"))
+        elif kind == "redacted_thinking":
+            out.append(ThinkingPart(thinking="", signature=block["data"], redacted=True,
+                                    provider="anthropic"))
+        elif kind == "tool_use":
+            out.append(ToolCall(id=block["id"], name=block["name"],
+                                arguments=dict(block.get("input") or {})))
+        else:
+            raise _Unmapped
+    return tuple(out)
+
+
+class _Reader:
+    def __init__(self, lines: Lines, sid: str) -> None:
+        self.lines, self.sid = lines, sid
+        self.last_of: dict[str, str] = {}  # source uuid -> id of the last entry made from it
+        self.tool_names: dict[str, str] = {}
+        self.prev: str | None = None
+        self.entries: list[Entry] = []
+
+    def line(self, lineno: int, raw: bytes, obj: dict[str, Any]) -> None:
+        ts = parse_time(obj["timestamp"], where=self.lines.name, line=lineno) \
+            if "timestamp" in obj else None
+        uid = obj.get("uuid")
+        if not isinstance(uid, str):
+            # No place in the tree: kept after whatever came before it.
+            tid = entry_id(FMT, self.sid, f"line-{lineno}")
+            stamp = ts or (self.entries[-1].timestamp if self.entries else None)
+            if stamp is None:
+                stamp = parse_time(0, where=self.lines.name, line=lineno)
+            self._add([self.lines.keep_raw(f"claude_code.{obj.get('type')}", raw, id=tid,
+                                           parent_id=self.prev, timestamp=stamp)], uid=None)
+            return
+        if ts is None:
+            raise self.lines.fail(lineno, "line has a uuid but no timestamp")
+        source_parent = obj.get("parentUuid") or obj.get("logicalParentUuid")
+        if source_parent is None:
+            parent = None
+        elif source_parent in self.last_of:
+            parent = self.last_of[source_parent]
+        else:
+            raise self.lines.fail(lineno, f"parentUuid {source_parent!r} names no earlier line")
+        if uid in self.last_of:
+            raise self.lines.fail(lineno, f"uuid {uid!r} appears twice")
+        try:
+            made = self._map(obj, uid, parent, ts)
+        except _Unmapped:
+            made = None
+        except (KeyError, TypeError, ValueError, AttributeError, msgspec.ValidationError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise self.lines.fail(lineno, f"{obj.get('type')!r} line: {detail}") from exc
+        if made is None:
+            made = [self.lines.keep_raw(f"claude_code.{obj.get('type')}", raw,
+                                        id=entry_id(FMT, self.sid, uid), parent_id=parent,
+                                        timestamp=ts)]
+        else:
+            self.lines.drop(obj, _MAPPED_TOP, "")
+        self._add(made, uid=uid)
+
+    def _add(self, made: list[Entry], uid: str | None) -> None:
+        self.entries += made
+        self.prev = made[-1].id
+        if uid is not None:
+            self.last_of[uid] = made[-1].id
+
+    def _map(self, obj: dict[str, Any], uid: str, parent: str | None,
+             ts: Any) -> list[Entry] | None:
+        kind = obj.get("type")
+        m: dict[str, Any] = obj["message"] if kind in ("user", "assistant") else {}
+        if kind == "assistant":
+            self.lines.drop(m, {"id", "type", "role", "model", "content", "stop_reason",
+                                "stop_sequence", "usage"}, "message.")
+            message: Message = self._assistant(m)
+            return [MessageEntry(message=message, id=entry_id(FMT, self.sid, uid),
+                                 parent_id=parent, timestamp=ts)]
+        if kind != "user":
+            return None  # system lines and anything newer
+        if obj.get("isCompactSummary"):
+            text = "".join(p.text for p in _user_parts(m["content"]) if isinstance(p, TextPart))
+            tid = entry_id(FMT, self.sid, uid)
+            return [CompactionEntry(summary=text, first_kept_entry_id=tid, id=tid,
+                                    parent_id=parent, timestamp=ts)]
+        self.lines.drop(m, {"role", "content"}, "message.")
+        return self._user(m["content"], obj.get("toolUseResult"), uid, parent, ts)
+
+    def _assistant(self, m: dict[str, Any]) -> AssistantMessage:
+        parts = _assistant_parts(m["content"])
+        for part in parts:
+            if isinstance(part, ToolCall):
+                self.tool_names[part.id] = part.name
+        u = m.get("usage") or {}
+        self.lines.drop(u, {"input_tokens", "output_tokens", "cache_read_input_tokens",
+                            "cache_creation_input_tokens"}, "message.usage.")
+        usage = Usage(input_tokens=int(u.get("input_tokens") or 0),
+                      output_tokens=int(u.get("output_tokens") or 0),
+                      cache_read_tokens=int(u.get("cache_read_input_tokens") or 0),
+                      cache_write_tokens=int(u.get("cache_creation_input_tokens") or 0))
+        # Claude Code stores streamed blocks before the stop reason is known.
+        stop = _STOP.get(m.get("stop_reason")) or (
+            "tool_use" if any(isinstance(p, ToolCall) for p in parts) else "stop")
+        return AssistantMessage(content=parts, model=str(m.get("model", "")),
+                                provider="anthropic", api="anthropic-messages", usage=usage,
+                                stop_reason=stop, response_id=m.get("id"))
+
+    def _user(self, content: Any, tool_use_result: Any, uid: str, parent: str | None,
+              ts: Any) -> list[Entry]:
+        blocks: list[Any] = [content] if isinstance(content, str) else list(content)
+        results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        messages: list[Message] = []
+        for block in results:
+            body = block.get("content") or ()
+            messages.append(ToolResultMessage(
+                tool_call_id=block["tool_use_id"],
+                tool_name=self.tool_names.get(block["tool_use_id"], ""),
+                content=_user_parts(body), is_error=bool(block.get("is_error", False)),
+                # The tool's structured output, when one result is all the line holds.
+                details=tool_use_result if len(results) == 1 else None))
+        if tool_use_result is not None and len(results) != 1:
+            self.lines.dropped["toolUseResult"] += 1
+        rest = [b for b in blocks if b not in results]
+        if rest or not messages:
+            messages.append(UserMessage(content=_user_parts(
+                rest[0] if len(rest) == 1 and isinstance(rest[0], str) else rest)))
+        out: list[Entry] = []
+        for i, message in enumerate(messages):
+            source = uid if i == len(messages) - 1 else f"{uid}#{i}"
+            out.append(MessageEntry(message=message, id=entry_id(FMT, self.sid, source),
+                                    parent_id=out[-1].id if out else parent, timestamp=ts))
+        return out
+
+
+def import_claude_code(data: bytes, name: str) -> list[Imported]:
+    """Read one Claude Code transcript (its bytes; ``name`` is used in errors).
+
+    The session id is the transcript's ``sessionId`` (the file name's stem
+    when no line carries one).
+    """
+    lines = Lines(data, name)
+    rows = list(lines)
+    if not rows:
+        raise lines.fail(1, "the file holds no transcript lines")
+    sid = next((o["sessionId"] for _, _, o in rows if isinstance(o.get("sessionId"), str)),
+               PurePath(name).stem)
+    reader = _Reader(lines, sid)
+    for lineno, raw, obj in rows:
+        reader.line(lineno, raw, obj)
+    created = min(e.timestamp for e in reader.entries if e.timestamp is not None)
+    return [lines.imported(SessionRecord(id=sid, created_at=created), reader.entries)]
