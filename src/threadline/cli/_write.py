@@ -157,7 +157,7 @@ async def _import(ctx: Ctx, args: argparse.Namespace) -> None:
         if args.json:
             ctx.out.json({"session_id": sid, "file": name, "entries": len(item.entries),
                           "mapped": len(item.entries) - item.kept_raw,
-                          "kept_raw": item.kept_raw, "dropped_fields": item.dropped_fields,
+                          "kept_raw": item.kept_raw, "extra_fields": item.extra_fields,
                           "status": statuses[sid]})
         else:
             verb = "already present, unchanged" if statuses[sid] == "skipped" else "imported"

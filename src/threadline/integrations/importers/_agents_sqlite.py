@@ -11,7 +11,6 @@ kept raw in its place.
 from __future__ import annotations
 
 import sqlite3
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,42 +26,53 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.errors import ConfigError, CorruptLog
-from threadline.integrations.importers._common import Imported, entry_id, parse_time
-from threadline.session._entries import CustomEntry, Entry, MessageEntry, SessionRecord
+from threadline.integrations.importers._common import (
+    Collector,
+    Imported,
+    entry_id,
+    parse_time,
+)
+from threadline.session._entries import Entry, MessageEntry, SessionRecord
 
 __all__ = ["import_agents_sqlite"]
 
-FMT = "openai-agents-sqlite"
+FMT = "openai_agents"
 
 
 class _Unmapped(Exception):
     pass
 
 
-def _text_parts(content: Any, kinds: set[str]) -> tuple[UserContent, ...]:
+def _text_parts(content: Any, kind: str, found: Collector,
+                field: str) -> tuple[UserContent, ...]:
+    """Text given as a string or as parts of type ``kind``.
+
+    A part's other fields, and the list form itself, go to the extra entry so
+    the item's exact shape is on record."""
     if isinstance(content, str):
         return (TextPart(text=content),)
     out: list[UserContent] = []
-    for part in content:
-        if part.get("type") not in kinds:
+    found.drop({f"{field}.form": "list"}, set(), "")
+    for i, part in enumerate(content):
+        if part.get("type") != kind:
             raise _Unmapped
+        found.drop(part, {"type", "text"}, f"{field}.{i}.")
         out.append(TextPart(text=part["text"]))
     return tuple(out)
 
 
-def _item(item: dict[str, Any], names: dict[str, str], dropped: Counter[str]) -> Message:
+def _item(item: dict[str, Any], names: dict[str, str], found: Collector) -> Message:
     kind = item.get("type", "message")
 
     def drop(mapped: set[str]) -> None:
-        for key in item.keys() - mapped:
-            dropped[f"{kind}.{key}"] += 1
+        found.drop(item, mapped, "")
 
     if kind == "message" and item.get("role") == "user":
         drop({"type", "role", "content"})
-        return UserMessage(content=_text_parts(item["content"], {"input_text"}))
+        return UserMessage(content=_text_parts(item["content"], "input_text", found, "content"))
     if kind == "message" and item.get("role") == "assistant":
         drop({"type", "role", "content"})
-        parts = _text_parts(item["content"], {"output_text"})
+        parts = _text_parts(item["content"], "output_text", found, "content")
         return AssistantMessage(content=tuple(p for p in parts if isinstance(p, TextPart)))
     if kind == "function_call":
         drop({"type", "call_id", "name", "arguments"})
@@ -77,7 +87,7 @@ def _item(item: dict[str, Any], names: dict[str, str], dropped: Counter[str]) ->
         output = item["output"]
         return ToolResultMessage(
             tool_call_id=item["call_id"], tool_name=names.get(item["call_id"], ""),
-            content=_text_parts(output, {"input_text", "output_text"}))
+            content=_text_parts(output, "input_text", found, "output"))
     raise _Unmapped
 
 
@@ -87,8 +97,7 @@ def _session(db: sqlite3.Connection, path: str, sid: str, created: Any,
                       "WHERE session_id = ? ORDER BY id", (sid,)).fetchall()
     entries: list[Entry] = []
     names: dict[str, str] = {}
-    dropped: Counter[str] = Counter()
-    raw = 0
+    found = Collector(FMT, path)
     for row_id, data, stamp in rows:
         where = f"{messages_table} row id {row_id}"
         text = data.encode() if isinstance(data, str) else bytes(data)
@@ -102,20 +111,20 @@ def _session(db: sqlite3.Connection, path: str, sid: str, created: Any,
         parent = entries[-1].id if entries else None
         ts = parse_time(stamp, where=f"{path} {where}", line=None)
         try:
-            message = _item(item, names, dropped)
+            message = _item(item, names, found)
         except _Unmapped:
-            raw += 1
-            entries.append(CustomEntry(kind=f"openai_agents.{item.get('type', 'message')}",
-                                       data=msgspec.Raw(text), id=tid, parent_id=parent,
-                                       timestamp=ts))
+            found.forget()
+            entries.append(found.keep_raw(str(item.get("type", "message")), text, id=tid,
+                                          parent_id=parent, timestamp=ts))
             continue
         except (KeyError, TypeError, ValueError, AttributeError, msgspec.DecodeError,
                 msgspec.ValidationError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise CorruptLog(f"{where}: {detail}", path=path, session_id=sid) from exc
         entries.append(MessageEntry(message=message, id=tid, parent_id=parent, timestamp=ts))
+        entries += found.extra(entries[-1])
     record = SessionRecord(id=sid, created_at=parse_time(created, where=path, line=None))
-    return Imported(record, entries, raw, dict(sorted(dropped.items())))
+    return found.imported(record, entries)
 
 
 def import_agents_sqlite(path: str | Path, *, sessions_table: str = "agent_sessions",

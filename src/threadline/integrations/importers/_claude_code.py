@@ -15,6 +15,7 @@ entry per block, chained, so each tool result is its own message.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import PurePath
 from typing import Any
 
@@ -39,11 +40,12 @@ from threadline.session._entries import CompactionEntry, Entry, MessageEntry, Se
 
 __all__ = ["import_claude_code"]
 
-FMT = "claude-code"
+FMT = "claude_code"
 _STOP: dict[str | None, StopReason] = {"end_turn": "stop", "stop_sequence": "stop",
                                        "max_tokens": "length", "tool_use": "tool_use",
                                        "pause_turn": "stop", "refusal": "stop"}
-# The envelope every line carries; counted as dropped when a line is mapped.
+# What a mapped line's envelope turns into; its other fields (cwd, gitBranch,
+# version, ...) go to the extra entry after it.
 _MAPPED_TOP = {"type", "uuid", "parentUuid", "timestamp", "message", "isCompactSummary",
                "toolUseResult"}
 
@@ -59,25 +61,33 @@ def _image(block: dict[str, Any]) -> ImagePart:
     return ImagePart(data=source["data"], mime_type=source["media_type"])
 
 
-def _user_parts(content: Any) -> tuple[UserContent, ...]:
+# The keys of each content block that have a place in threadline's parts.
+_KEYS = {"text": {"type", "text"}, "image": {"type", "source"},
+         "thinking": {"type", "thinking", "signature"}, "redacted_thinking": {"type", "data"},
+         "tool_use": {"type", "id", "name", "input"},
+         "tool_result": {"type", "tool_use_id", "content", "is_error"}}
+
+
+def _user_parts(content: Any, lines: Lines, at: str) -> tuple[UserContent, ...]:
     if isinstance(content, str):
         return (TextPart(text=content),)
     out: list[UserContent] = []
-    for block in content:
+    for i, block in enumerate(content):
         if block["type"] == "text":
             out.append(TextPart(text=block["text"]))
         elif block["type"] == "image":
             out.append(_image(block))
         else:
             raise _Unmapped
+        lines.drop(block, _KEYS[block["type"]], f"{at}content.{i}.")
     return tuple(out)
 
 
-def _assistant_parts(content: Any) -> tuple[AssistantContent, ...]:
+def _assistant_parts(content: Any, lines: Lines) -> tuple[AssistantContent, ...]:
     if isinstance(content, str):
         return (TextPart(text=content),)
     out: list[AssistantContent] = []
-    for block in content:
+    for i, block in enumerate(content):
         kind = block["type"]
         if kind == "text":
             out.append(TextPart(text=block["text"]))
@@ -92,12 +102,13 @@ def _assistant_parts(content: Any) -> tuple[AssistantContent, ...]:
                                 arguments=dict(block.get("input") or {})))
         else:
             raise _Unmapped
+        lines.drop(block, _KEYS[kind], f"message.content.{i}.")
     return tuple(out)
 
 
 class _Reader:
-    def __init__(self, lines: Lines, sid: str) -> None:
-        self.lines, self.sid = lines, sid
+    def __init__(self, lines: Lines, sid: str, first_time: datetime) -> None:
+        self.lines, self.sid, self.first_time = lines, sid, first_time
         self.last_of: dict[str, str] = {}  # source uuid -> id of the last entry made from it
         self.tool_names: dict[str, str] = {}
         self.prev: str | None = None
@@ -110,10 +121,8 @@ class _Reader:
         if not isinstance(uid, str):
             # No place in the tree: kept after whatever came before it.
             tid = entry_id(FMT, self.sid, f"line-{lineno}")
-            stamp = ts or (self.entries[-1].timestamp if self.entries else None)
-            if stamp is None:
-                stamp = parse_time(0, where=self.lines.name, line=lineno)
-            self._add([self.lines.keep_raw(f"claude_code.{obj.get('type')}", raw, id=tid,
+            stamp = ts or (self.entries[-1].timestamp if self.entries else None) or self.first_time
+            self._add([self.lines.keep_raw(str(obj.get("type")), raw, id=tid,
                                            parent_id=self.prev, timestamp=stamp)], uid=None)
             return
         if ts is None:
@@ -131,15 +140,17 @@ class _Reader:
             made = self._map(obj, uid, parent, ts)
         except _Unmapped:
             made = None
+            self.lines.forget()
         except (KeyError, TypeError, ValueError, AttributeError, msgspec.ValidationError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise self.lines.fail(lineno, f"{obj.get('type')!r} line: {detail}") from exc
         if made is None:
-            made = [self.lines.keep_raw(f"claude_code.{obj.get('type')}", raw,
+            made = [self.lines.keep_raw(str(obj.get("type")), raw,
                                         id=entry_id(FMT, self.sid, uid), parent_id=parent,
                                         timestamp=ts)]
         else:
             self.lines.drop(obj, _MAPPED_TOP, "")
+            made += self.lines.extra(made[-1])
         self._add(made, uid=uid)
 
     def _add(self, made: list[Entry], uid: str | None) -> None:
@@ -161,7 +172,8 @@ class _Reader:
         if kind != "user":
             return None  # system lines and anything newer
         if obj.get("isCompactSummary"):
-            text = "".join(p.text for p in _user_parts(m["content"]) if isinstance(p, TextPart))
+            parts = _user_parts(m["content"], self.lines, "message.")
+            text = "".join(p.text for p in parts if isinstance(p, TextPart))
             tid = entry_id(FMT, self.sid, uid)
             return [CompactionEntry(summary=text, first_kept_entry_id=tid, id=tid,
                                     parent_id=parent, timestamp=ts)]
@@ -169,7 +181,7 @@ class _Reader:
         return self._user(m["content"], obj.get("toolUseResult"), uid, parent, ts)
 
     def _assistant(self, m: dict[str, Any]) -> AssistantMessage:
-        parts = _assistant_parts(m["content"])
+        parts = _assistant_parts(m["content"], self.lines)
         for part in parts:
             if isinstance(part, ToolCall):
                 self.tool_names[part.id] = part.name
@@ -193,19 +205,22 @@ class _Reader:
         results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
         messages: list[Message] = []
         for block in results:
-            body = block.get("content") or ()
+            at = f"message.content.{blocks.index(block)}."
+            self.lines.drop(block, _KEYS["tool_result"], at)
             messages.append(ToolResultMessage(
                 tool_call_id=block["tool_use_id"],
                 tool_name=self.tool_names.get(block["tool_use_id"], ""),
-                content=_user_parts(body), is_error=bool(block.get("is_error", False)),
+                content=_user_parts(block.get("content") or (), self.lines, at),
+                is_error=bool(block.get("is_error", False)),
                 # The tool's structured output, when one result is all the line holds.
                 details=tool_use_result if len(results) == 1 else None))
         if tool_use_result is not None and len(results) != 1:
-            self.lines.dropped["toolUseResult"] += 1
+            self.lines.drop({"toolUseResult": tool_use_result}, set(), "")
         rest = [b for b in blocks if b not in results]
         if rest or not messages:
             messages.append(UserMessage(content=_user_parts(
-                rest[0] if len(rest) == 1 and isinstance(rest[0], str) else rest)))
+                rest[0] if len(rest) == 1 and isinstance(rest[0], str) else rest, self.lines,
+                "message.")))
         out: list[Entry] = []
         for i, message in enumerate(messages):
             source = uid if i == len(messages) - 1 else f"{uid}#{i}"
@@ -220,13 +235,15 @@ def import_claude_code(data: bytes, name: str) -> list[Imported]:
     The session id is the transcript's ``sessionId`` (the file name's stem
     when no line carries one).
     """
-    lines = Lines(data, name)
+    lines = Lines("claude_code", data, name)
     rows = list(lines)
     if not rows:
         raise lines.fail(1, "the file holds no transcript lines")
     sid = next((o["sessionId"] for _, _, o in rows if isinstance(o.get("sessionId"), str)),
                PurePath(name).stem)
-    reader = _Reader(lines, sid)
+    # A leading summary line has no time of its own: it gets the transcript's first.
+    first = next(((n, o["timestamp"]) for n, _, o in rows if "timestamp" in o), (1, 0))
+    reader = _Reader(lines, sid, parse_time(first[1], where=name, line=first[0]))
     for lineno, raw, obj in rows:
         reader.line(lineno, raw, obj)
     created = min(e.timestamp for e in reader.entries if e.timestamp is not None)

@@ -19,7 +19,7 @@ import msgspec
 from threadline.errors import CorruptLog
 from threadline.session._entries import CustomEntry, Entry, SessionRecord
 
-__all__ = ["Imported", "Lines", "entry_id", "parse_time"]
+__all__ = ["Collector", "Imported", "Lines", "entry_id", "parse_time"]
 
 _NAMESPACE = uuid.UUID("5b0f3c1e-7d2a-4c55-9e61-0a8f2d4b7c39")
 
@@ -30,10 +30,11 @@ class Imported(NamedTuple):
     record: SessionRecord
     entries: list[Entry]
     kept_raw: int = 0
-    """How many of ``entries`` are raw ``CustomEntry`` copies of source records
-    threadline has no place for (the rest are mapped)."""
-    dropped_fields: dict[str, int] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
-    """Source fields with no place in a mapped entry, by name, with counts."""
+    """How many of ``entries`` are raw ``CustomEntry`` copies of source data
+    threadline has no type for (the rest are mapped)."""
+    extra_fields: dict[str, int] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    """Source fields with no place in a mapped entry, by name, with counts;
+    their values are in the ``<format>.extra`` entry after that entry."""
     notes: tuple[str, ...] = ()
     """Things the reader should know, such as a torn last line left out."""
 
@@ -56,7 +57,58 @@ def parse_time(value: object, *, where: str, line: int | None) -> datetime:
     raise CorruptLog(f"expected a timestamp, got {value!r}", path=where, line=line)
 
 
-class Lines:
+class Collector:
+    """Counts what an importer maps and keeps whatever it cannot map.
+
+    A source record with no threadline type becomes a raw entry (its bytes);
+    fields of a mapped record that have no place are gathered with ``drop``
+    and become one ``<format>.extra`` entry right after the mapped entry, so
+    the data stays in the log, out of the model's context.
+    """
+
+    def __init__(self, fmt: str, name: str) -> None:
+        self.fmt, self.name = fmt, name
+        self.notes: list[str] = []
+        self.fields: Counter[str] = Counter()
+        self.raw = 0
+        self._extra: dict[str, Any] = {}
+
+    def fail(self, line: int | None, detail: str) -> CorruptLog:
+        return CorruptLog(detail, path=self.name, line=line)
+
+    def drop(self, obj: dict[str, Any], mapped: set[str], prefix: str) -> None:
+        """Keep the keys of ``obj`` outside ``mapped`` for the next extra entry."""
+        for key in obj.keys() - mapped:
+            self._extra[f"{prefix}{key}"] = obj[key]
+
+    def keep_raw(self, kind: str, raw: bytes, *, id: str, parent_id: str | None,
+                 timestamp: datetime) -> CustomEntry[Any]:
+        """A source record threadline has no place for, kept byte for byte."""
+        self.raw += 1
+        return CustomEntry(kind=f"{self.fmt}.{kind}", data=msgspec.Raw(raw), id=id,
+                           parent_id=parent_id, timestamp=timestamp)
+
+    def extra(self, after: Entry) -> list[Entry]:
+        """The fields gathered since the last call, as an entry following ``after``."""
+        if not self._extra:
+            return []
+        fields, self._extra = dict(sorted(self._extra.items())), {}
+        self.fields.update(fields.keys())
+        return [self.keep_raw("extra", msgspec.json.encode(fields),
+                              id=str(uuid.uuid5(_NAMESPACE, f"extra\x00{after.id}")),
+                              parent_id=after.id, timestamp=after.timestamp
+                              or datetime.min.replace(tzinfo=UTC))]
+
+    def forget(self) -> None:
+        """Fields gathered for a record that ends up kept raw as a whole."""
+        self._extra = {}
+
+    def imported(self, record: SessionRecord, entries: list[Entry]) -> Imported:
+        return Imported(record, entries, self.raw, dict(sorted(self.fields.items())),
+                        tuple(self.notes))
+
+
+class Lines(Collector):
     """The JSON objects of a JSON-lines file, with their line numbers.
 
     A last line with no newline that is not JSON is what a writer killed
@@ -65,11 +117,8 @@ class Lines:
     JSON object is an error naming the file and line.
     """
 
-    def __init__(self, data: bytes, name: str) -> None:
-        self.name = name
-        self.notes: list[str] = []
-        self.dropped: Counter[str] = Counter()
-        self.raw = 0
+    def __init__(self, fmt: str, data: bytes, name: str) -> None:
+        super().__init__(fmt, name)
         lines = data.split(b"\n")  # never a universal-newline split: see docs/design.md
         self._torn = lines[-1] != b""
         self._lines = lines if self._torn else lines[:-1]
@@ -86,27 +135,7 @@ class Lines:
                     self.notes.append(f"{self.name} line {lineno}: torn last line (no newline, "
                                       "not JSON) left out; import again once it is complete")
                     return
-                raise CorruptLog(f"not JSON: {exc}", path=self.name, line=lineno) from exc
+                raise self.fail(lineno, f"not JSON: {exc}") from exc
             if not isinstance(obj, dict):
-                raise CorruptLog(f"expected a JSON object, got {type(obj).__name__}",
-                                 path=self.name, line=lineno)
+                raise self.fail(lineno, f"expected a JSON object, got {type(obj).__name__}")
             yield lineno, line, obj
-
-    def fail(self, line: int, detail: str) -> CorruptLog:
-        return CorruptLog(detail, path=self.name, line=line)
-
-    def drop(self, obj: dict[str, Any], mapped: set[str], prefix: str) -> None:
-        """Count the keys of ``obj`` outside ``mapped`` as dropped fields."""
-        for key in obj.keys() - mapped:
-            self.dropped[f"{prefix}{key}"] += 1
-
-    def keep_raw(self, kind: str, raw: bytes, *, id: str, parent_id: str | None,
-                 timestamp: datetime) -> CustomEntry[Any]:
-        """A source record threadline has no place for, kept byte for byte."""
-        self.raw += 1
-        return CustomEntry(kind=kind, data=msgspec.Raw(raw), id=id, parent_id=parent_id,
-                           timestamp=timestamp)
-
-    def imported(self, record: SessionRecord, entries: list[Entry]) -> Imported:
-        return Imported(record, entries, self.raw, dict(sorted(self.dropped.items())),
-                        tuple(self.notes))

@@ -48,16 +48,16 @@ _STOP: dict[str, StopReason] = {"stop": "stop", "length": "length", "toolUse": "
 _PARENT_FILE = re.compile(r"_([^_/\\]+)\.jsonl$")
 
 
-def _user_content(value: Any, lines: Lines) -> tuple[UserContent, ...]:
+def _user_content(value: Any, lines: Lines, at: str) -> tuple[UserContent, ...]:
     if isinstance(value, str):
         return (TextPart(text=value),)
     out: list[UserContent] = []
-    for part in value:
+    for i, part in enumerate(value):
         if part["type"] == "text":
-            lines.drop(part, {"type", "text"}, "content.text.")
+            lines.drop(part, {"type", "text"}, f"{at}content.{i}.")
             out.append(TextPart(text=part["text"]))
         elif part["type"] == "image":
-            lines.drop(part, {"type", "data", "mimeType"}, "content.image.")
+            lines.drop(part, {"type", "data", "mimeType"}, f"{at}content.{i}.")
             out.append(ImagePart(data=part["data"], mime_type=part["mimeType"]))
         else:
             raise ValueError(f"unknown content part {part['type']!r}")
@@ -67,20 +67,20 @@ def _user_content(value: Any, lines: Lines) -> tuple[UserContent, ...]:
 def _assistant_content(parts: list[dict[str, Any]], provider: str,
                        lines: Lines) -> tuple[AssistantContent, ...]:
     out: list[AssistantContent] = []
-    for part in parts:
+    for i, part in enumerate(parts):
         kind = part["type"]
+        at = f"message.content.{i}."
         if kind == "text":
-            lines.drop(part, {"type", "text"}, "content.text.")
+            lines.drop(part, {"type", "text"}, at)
             out.append(TextPart(text=part["text"]))
         elif kind == "thinking":
-            lines.drop(part, {"type", "thinking", "thinkingSignature", "redacted"},
-                       "content.thinking.")
+            lines.drop(part, {"type", "thinking", "thinkingSignature", "redacted"}, at)
             out.append(ThinkingPart(thinking=part["thinking"],
                                     signature=part.get("thinkingSignature"),
                                     redacted=bool(part.get("redacted", False)),
                                     provider=provider or None))
         elif kind == "toolCall":
-            lines.drop(part, {"type", "id", "name", "arguments"}, "content.toolCall.")
+            lines.drop(part, {"type", "id", "name", "arguments"}, at)
             out.append(ToolCall(id=part["id"], name=part["name"],
                                 arguments=dict(part.get("arguments") or {})))
         else:
@@ -89,7 +89,8 @@ def _assistant_content(parts: list[dict[str, Any]], provider: str,
 
 
 def _usage(u: dict[str, Any], lines: Lines) -> Usage:
-    lines.drop(u, {"input", "output", "cacheRead", "cacheWrite", "totalTokens"}, "usage.")
+    lines.drop(u, {"input", "output", "cacheRead", "cacheWrite", "totalTokens"},
+               "message.usage.")
     return Usage(input_tokens=int(u.get("input", 0)), output_tokens=int(u.get("output", 0)),
                  cache_read_tokens=int(u.get("cacheRead", 0)),
                  cache_write_tokens=int(u.get("cacheWrite", 0)))
@@ -102,7 +103,7 @@ def _message(m: dict[str, Any], lines: Lines) -> Any:
     role = m["role"]
     if role == "user":
         lines.drop(m, {"role", "content"}, "message.")
-        return UserMessage(content=_user_content(m["content"], lines))
+        return UserMessage(content=_user_content(m["content"], lines, "message."))
     if role == "assistant":
         lines.drop(m, {"role", "content", "api", "provider", "model", "usage", "stopReason",
                        "errorMessage", "responseId"}, "message.")
@@ -116,7 +117,7 @@ def _message(m: dict[str, Any], lines: Lines) -> Any:
     lines.drop(m, {"role", "toolCallId", "toolName", "content", "details", "isError"},
                "message.")
     return ToolResultMessage(tool_call_id=m["toolCallId"], tool_name=m["toolName"],
-                             content=_user_content(m.get("content") or [], lines),
+                             content=_user_content(m.get("content") or [], lines, "message."),
                              is_error=bool(m.get("isError", False)), details=m.get("details"))
 
 
@@ -124,13 +125,13 @@ class _Reader:
     def __init__(self, lines: Lines, sid: str, version: int, root: str) -> None:
         self.lines, self.sid, self.version, self.root = lines, sid, version, root
         self.by_index: list[str] = [root]  # version 1 compactions count the header as 0
-        self.known: set[str] = set()
+        self.last: dict[str, str] = {root: root}  # mapped source id -> last entry made from it
         self.prev = root
 
     def ref(self, source_id: object) -> str:
         return entry_id(FMT, self.sid, str(source_id))
 
-    def entry(self, lineno: int, raw: bytes, obj: dict[str, Any]) -> Entry:
+    def entry(self, lineno: int, raw: bytes, obj: dict[str, Any]) -> list[Entry]:
         if self.version < 2:
             tid, parent = self.ref(f"line-{lineno}"), self.prev
         else:
@@ -138,23 +139,27 @@ class _Reader:
                 raise self.lines.fail(lineno, "entry has no string 'id'")
             tid = self.ref(obj["id"])
             source_parent = obj.get("parentId")
-            parent = self.root if source_parent is None else self.ref(source_parent)
-            if parent not in self.known and parent != self.root:
+            parent = self.last.get(self.root if source_parent is None
+                                   else self.ref(source_parent), "")
+            if not parent:
                 raise self.lines.fail(lineno, f"parentId {source_parent!r} names no earlier "
                                               "entry")
-        if tid in self.known:
+        if tid in self.last:
             raise self.lines.fail(lineno, f"entry id {obj.get('id')!r} appears twice")
-        self.known.add(tid)
-        self.by_index.append(tid)
-        self.prev = tid
         ts = parse_time(obj.get("timestamp"), where=self.lines.name, line=lineno)
         head: dict[str, Any] = {"id": tid, "parent_id": parent, "timestamp": ts}
         try:
-            return self._map(obj, raw, head)
+            made = self._map(obj, raw, head)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError,
                 msgspec.ValidationError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise self.lines.fail(lineno, f"{obj.get('type')!r} entry: {detail}") from exc
+        out = [made, *self.lines.extra(made)]
+        # Children name the source id; they follow whatever this entry became.
+        self.by_index.append(tid)
+        self.prev = out[-1].id
+        self.last[tid] = out[-1].id
+        return out
 
     def _map(self, obj: dict[str, Any], raw: bytes, head: dict[str, Any]) -> Entry:
         kind = obj.get("type")
@@ -168,12 +173,12 @@ class _Reader:
             lines.drop(obj, base | {"message"}, "")
             lines.drop(m, {"role", "customType", "content", "display", "details"}, "message.")
             return CustomMessageEntry(kind=m["customType"],
-                                      content=_user_content(m["content"], lines),
+                                      content=_user_content(m["content"], lines, "message."),
                                       display=bool(m.get("display", True)),
                                       details=m.get("details"), **head)
         if kind == "compaction":
             lines.drop(obj, base | {"summary", "firstKeptEntryId", "firstKeptEntryIndex",
-                                    "tokensBefore", "details"}, "compaction.")
+                                    "tokensBefore", "details"}, "")
             if "firstKeptEntryIndex" in obj:
                 first = self.by_index[int(obj["firstKeptEntryIndex"])]
             else:
@@ -182,28 +187,28 @@ class _Reader:
                                    tokens_before=int(obj.get("tokensBefore", 0)),
                                    details=obj.get("details"), **head)
         if kind == "branch_summary":
-            lines.drop(obj, base | {"fromId", "summary", "details"}, "branch_summary.")
+            lines.drop(obj, base | {"fromId", "summary", "details"}, "")
             return BranchSummaryEntry(from_id=self.ref(obj["fromId"]), summary=obj["summary"],
                                       details=obj.get("details"), **head)
         if kind == "custom":
-            lines.drop(obj, base | {"customType", "data"}, "custom.")
+            lines.drop(obj, base | {"customType", "data"}, "")
             data = msgspec.Raw(msgspec.json.encode(obj.get("data")))
             return CustomEntry(kind=obj["customType"], data=data, **head)
         if kind == "custom_message":
-            lines.drop(obj, base | {"customType", "content", "display", "details"},
-                       "custom_message.")
+            lines.drop(obj, base | {"customType", "content", "display", "details"}, "")
             return CustomMessageEntry(kind=obj["customType"],
-                                      content=_user_content(obj["content"], lines),
+                                      content=_user_content(obj["content"], lines, ""),
                                       display=bool(obj.get("display", True)),
                                       details=obj.get("details"), **head)
         # model_change, thinking_level_change, label, session_info, bash executions
         # and anything newer: no threadline place, so the line itself is kept.
-        return lines.keep_raw(f"pi.{kind}", raw, **head)
+        lines.forget()
+        return lines.keep_raw(str(kind), raw, **head)
 
 
 def import_pi(data: bytes, name: str) -> list[Imported]:
     """Read one pi session file (its bytes; ``name`` is used in errors)."""
-    lines = Lines(data, name)
+    lines = Lines("pi", data, name)
     rows = iter(lines)
     first = next(rows, None)
     if first is None:
@@ -221,8 +226,9 @@ def import_pi(data: bytes, name: str) -> list[Imported]:
     record = SessionRecord(id=sid, parent_id=found.group(1) if found else None,
                            created_at=created)
     root = entry_id(FMT, sid, "session")
-    entries: list[Entry] = [lines.keep_raw("pi.session", raw, id=root, parent_id=None,
+    entries: list[Entry] = [lines.keep_raw("session", raw, id=root, parent_id=None,
                                            timestamp=created)]
     reader = _Reader(lines, sid, version, root)
-    entries += [reader.entry(n, r, obj) for n, r, obj in rows]
+    for n, r, obj in rows:
+        entries += reader.entry(n, r, obj)
     return [lines.imported(record, entries)]
