@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -470,3 +472,17 @@ async def test_s30_export_then_import_is_byte_identical_in_the_memory_store() ->
     again = EXPORTERS["jsonl"](await dst.load_session(back.record.id),
                                TreeIndex(await dst.load_entries(back.record.id)), False)
     assert again == dump and back.record == imp.record
+
+
+def test_s30_the_documented_example_runs(tmp_path: Path) -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "integrations.md").read_text("utf-8")
+    block = doc.split("<!-- example-import:", 1)[1].split("```python\n", 1)[1]
+    (tmp_path / "example.py").write_text(block.split("```", 1)[0], encoding="utf-8")
+    (tmp_path / "transcript.jsonl").write_bytes(CLAUDE.read_bytes())
+    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    imp = one(import_claude_code, CLAUDE)
+    assert proc.stdout.splitlines() == [
+        f"{imp.record.id} {len(imp.entries)} entries, {imp.kept_raw} kept raw",
+        "3 messages a model would be sent"]
