@@ -181,6 +181,20 @@ def test_s30_pi_version_1_links_entries_and_version_2_hook_messages() -> None:
     assert hook.kind == "git-status" and hook.content[0].text == "On branch main"
 
 
+def test_s30_pi_reads_a_session_and_its_fork_the_real_cli_wrote() -> None:
+    parent = one(import_pi, FIXTURES / "pi_real_0.73.1.jsonl")
+    fork = one(import_pi, FIXTURES / "pi_real_0.73.1_fork.jsonl")
+    assert fork.record.parent_id == parent.record.id == "01a230ca-fabd-7673-8fc3-c0e994bbde58"
+    assert message_texts(parent)[:4] == [
+        ("user", "PLEASE_LIST run echo"), ("assistant", "bash"),
+        ("tool_result", "fixture-output\n"), ("assistant", "The command printed fixture-output.")]
+    assert message_texts(fork) == [*message_texts(parent), ("user", "After the fork"),
+                                   ("assistant", "ok")]
+    raw = sorted(e.kind for e in parent.entries if isinstance(e, CustomEntry)
+                 and e.kind != "pi.extra")
+    assert raw == ["pi.model_change", "pi.session", "pi.thinking_level_change"]
+
+
 # -- Claude Code --------------------------------------------------------------------
 
 
@@ -286,7 +300,7 @@ def test_s30_every_imported_session_gives_a_context_every_provider_accepts(
     tmp_path: Path,
 ) -> None:
     imports = every_import(agents_db(tmp_path / "agents.db"))
-    assert len(imports) == 7
+    assert len(imports) == 9
     for imp in imports:
         tree = TreeIndex(imp.entries)
         for leaf in [tree.leaf, *tree.roots()]:
