@@ -439,6 +439,26 @@ def test_s30_import_into_the_memory_store_and_again(tmp_path: Path) -> None:
     assert (result.copied, result.skipped, result.entries) == (0, len(first), 0)
 
 
+def test_s30_one_session_in_two_files_is_imported_once_or_refused(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    reports = import_json(store, "pi", PI, PI)
+    assert [r["status"] for r in reports] == ["copied"]
+    other = tmp_path / "edited.jsonl"
+    other.write_bytes(PI.read_bytes().replace(b"count the files", b"count them"))
+    proc = tl("--store", store, "import", "--format", "pi", str(PI), str(other), check=False)
+    assert proc.returncode == 1
+    assert f"{PI} and {other} hold different versions of session" in proc.stderr
+    proc = tl("--store", store, "import", "--format", "pi", str(other), check=False)
+    assert proc.returncode == 1 and "the destination holds different content" in proc.stderr
+    db = tmp_path / "missing.db"
+    proc = tl("--store", store, "import", "--format", "openai-agents-sqlite", str(db),
+              check=False)
+    assert proc.returncode == 1 and f"{db}: no such SQLite file" in proc.stderr
+    proc = tl("--store", store, "import", "--format", "openai-agents-sqlite", "-",
+              check=False)
+    assert proc.returncode == 1 and "reads a database file, not stdin" in proc.stderr
+
+
 def test_s30_a_torn_last_line_is_left_out_and_finished_by_the_next_import(
     tmp_path: Path,
 ) -> None:

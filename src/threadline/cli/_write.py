@@ -23,6 +23,7 @@ from threadline.cli._output import visible
 from threadline.cli._read import add_json
 from threadline.cli._render import resolve
 from threadline.errors import ConfigError
+from threadline.session._codec import encode_entries
 from threadline.session._memory import MemoryStore
 from threadline.session._tree import TreeIndex
 from threadline.stores import CopyProgress, CopyResult, copy_sessions
@@ -112,6 +113,20 @@ def _read_file(name: str, fmt: str) -> list[Imported]:
     return IMPORTERS[fmt](data, "<stdin>" if name == "-" else name)
 
 
+def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Imported]]:
+    """Drop a session read twice (the same file named twice); refuse two versions of one."""
+    seen: dict[str, tuple[str, Imported]] = {}
+    for name, item in found:
+        sid = item.record.id
+        if sid not in seen:
+            seen[sid] = (name, item)
+        elif (seen[sid][1].record, encode_entries(seen[sid][1].entries)) != (
+                item.record, encode_entries(item.entries)):
+            raise ConfigError(f"{seen[sid][0]} and {name} hold different versions of session "
+                              f"{visible(sid)}; import one of them")
+    return list(seen.values())
+
+
 @contextlib.contextmanager
 def _bar(ctx: Ctx, what: str, show: bool) -> Iterator[Callable[[int, int, str], None]]:
     """A progress bar on a terminal's stderr: ``update(done, total, current)``."""
@@ -132,6 +147,7 @@ async def _import(ctx: Ctx, args: argparse.Namespace) -> None:
         for done, name in enumerate(args.files, 1):
             found += [(name, item) for item in _read_file(name, args.format)]
             update(done, len(args.files), name)
+    found = _one_per_session(found)
     staging = MemoryStore()
     for _, item in found:
         for message in item.notes:

@@ -96,6 +96,12 @@ def _usage(u: dict[str, Any], lines: Lines) -> Usage:
                  cache_write_tokens=int(u.get("cacheWrite", 0)))
 
 
+def _stop(value: object) -> StopReason:
+    if value not in _STOP:
+        raise ValueError(f"unknown stopReason {value!r}")
+    return _STOP[str(value)]
+
+
 _MAPPED_ROLES = {"user", "assistant", "toolResult"}
 
 
@@ -112,7 +118,7 @@ def _message(m: dict[str, Any], lines: Lines) -> Any:
             content=_assistant_content(m["content"], provider, lines),
             model=str(m.get("model", "")), provider=provider, api=str(m.get("api", "")),
             usage=_usage(m.get("usage") or {}, lines),
-            stop_reason=_STOP[m.get("stopReason", "stop")],
+            stop_reason=_stop(m.get("stopReason", "stop")),
             error_message=m.get("errorMessage"), response_id=m.get("responseId"))
     lines.drop(m, {"role", "toolCallId", "toolName", "content", "details", "isError"},
                "message.")
