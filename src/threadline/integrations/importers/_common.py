@@ -8,6 +8,7 @@ same file therefore yields the same bytes, and ``copy_sessions`` skips it.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -41,7 +42,17 @@ class Imported(NamedTuple):
 
 def entry_id(fmt: str, session_id: str, source_id: str) -> str:
     """The threadline entry id for a source record: stable across imports."""
-    return str(uuid.uuid5(_NAMESPACE, f"{fmt}\x00{session_id}\x00{source_id}"))
+    return _name_id(f"{fmt}\x00{session_id}\x00{source_id}")
+
+
+def _name_id(name: str) -> str:
+    # uuid.uuid5's value, without building UUID objects (a third of an import's time).
+    h = bytearray(hashlib.sha1(_NAMESPACE.bytes + name.encode(), usedforsecurity=False)
+                  .digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50
+    h[8] = (h[8] & 0x3F) | 0x80
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def parse_time(value: object, *, where: str, line: int | None) -> datetime:
@@ -95,7 +106,7 @@ class Collector:
         fields, self._extra = dict(sorted(self._extra.items())), {}
         self.fields.update(fields.keys())
         return [self.keep_raw("extra", msgspec.json.encode(fields),
-                              id=str(uuid.uuid5(_NAMESPACE, f"extra\x00{after.id}")),
+                              id=_name_id(f"extra\x00{after.id}"),
                               parent_id=after.id, timestamp=after.timestamp
                               or datetime.min.replace(tzinfo=UTC))]
 

@@ -133,9 +133,14 @@ class _Reader:
         self.by_index: list[str] = [root]  # version 1 compactions count the header as 0
         self.last: dict[str, str] = {root: root}  # mapped source id -> last entry made from it
         self.prev = root
+        self._refs: dict[str, str] = {}
 
     def ref(self, source_id: object) -> str:
-        return entry_id(FMT, self.sid, str(source_id))
+        key = str(source_id)
+        found = self._refs.get(key)
+        if found is None:
+            found = self._refs[key] = entry_id(FMT, self.sid, key)
+        return found
 
     def entry(self, lineno: int, raw: bytes, obj: dict[str, Any]) -> list[Entry]:
         if self.version < 2:
