@@ -356,9 +356,12 @@ def test_s30_agents_sqlite_maps_items_and_keeps_the_rest(tmp_path: Path) -> None
                        b'"2025-11-20T09:00:05.000Z","message":{"role":"assistant"}}',
      "missing field 'content'"),
     (import_claude_code, CLAUDE, 4, b"[1, 2]", "expected a JSON object"),
-    (import_claude_code, CLAUDE, 4, b'{"type":"user","uuid":"q","parentUuid":"gone",'
-                                    b'"timestamp":"2025-10-01T10:00:00Z"}',
-     "names no earlier line"),
+    (import_claude_code, CLAUDE, 4, b'{"type":"user","uuid":"u0000001",'
+                                    b'"timestamp":"2025-10-01T10:00:00Z","message":{}}',
+     "appears twice"),
+    (import_claude_code, CLAUDE, 4, b'{"type":"assistant","uuid":"q","parentUuid":null,'
+                                    b'"timestamp":"2025-10-01T10:00:00Z","message":{}}',
+     "missing field 'content'"),
 ])
 def test_s30_a_malformed_line_is_an_error_naming_file_and_line(  # noqa: PLR0917
     tmp_path: Path, importer: Any, fixture: Path, lineno: int, bad: bytes, says: str,
@@ -377,6 +380,19 @@ def test_s30_a_malformed_line_is_an_error_naming_file_and_line(  # noqa: PLR0917
     proc = tl("--store", str(store), "import", "--format", fmt, str(path), check=False)
     assert proc.returncode == 1 and f"{path} line {lineno}" in proc.stderr
     assert "Traceback" not in proc.stderr and not list(store.glob("*.jsonl"))
+
+
+def test_s30_a_claude_code_parent_outside_the_file_starts_a_root_with_a_note() -> None:
+    lines = CLAUDE.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"parentUuid":null', b'"parentUuid":"from-an-older-file"')
+    [imp] = import_claude_code(b"\n".join(lines), "t.jsonl")
+    assert imp.notes == ("t.jsonl line 2: parent 'from-an-older-file' is not in the file; "
+                         "the line starts a new root",)
+    first = next(e for e in imp.entries if isinstance(e, MessageEntry))
+    assert first.parent_id is None
+    extra = TreeIndex(imp.entries).children(first.id)[0]
+    assert isinstance(extra, CustomEntry)
+    assert msgspec.json.decode(bytes(extra.data))["parentUuid"] == "from-an-older-file"
 
 
 def test_s30_a_bad_agents_row_names_the_database_and_row(tmp_path: Path) -> None:

@@ -128,12 +128,13 @@ class _Reader:
         if ts is None:
             raise self.lines.fail(lineno, "line has a uuid but no timestamp")
         source_parent = obj.get("parentUuid") or obj.get("logicalParentUuid")
-        if source_parent is None:
-            parent = None
-        elif source_parent in self.last_of:
-            parent = self.last_of[source_parent]
-        else:
-            raise self.lines.fail(lineno, f"parentUuid {source_parent!r} names no earlier line")
+        parent = self.last_of.get(source_parent) if isinstance(source_parent, str) else None
+        if source_parent is not None and parent is None:
+            # A resumed or trimmed transcript can point outside this file.
+            self.lines.notes.append(f"{self.lines.name} line {lineno}: parent "
+                                    f"{source_parent!r} is not in the file; the line starts "
+                                    "a new root")
+            self.lines.drop({"parentUuid": source_parent}, set(), "")
         if uid in self.last_of:
             raise self.lines.fail(lineno, f"uuid {uid!r} appears twice")
         try:
@@ -160,7 +161,7 @@ class _Reader:
             self.last_of[uid] = made[-1].id
 
     def _map(self, obj: dict[str, Any], uid: str, parent: str | None,
-             ts: Any) -> list[Entry] | None:
+             ts: datetime) -> list[Entry] | None:
         kind = obj.get("type")
         m: dict[str, Any] = obj["message"] if kind in ("user", "assistant") else {}
         if kind == "assistant":
@@ -200,7 +201,7 @@ class _Reader:
                                 stop_reason=stop, response_id=m.get("id"))
 
     def _user(self, content: Any, tool_use_result: Any, uid: str, parent: str | None,
-              ts: Any) -> list[Entry]:
+              ts: datetime) -> list[Entry]:
         blocks: list[Any] = [content] if isinstance(content, str) else list(content)
         results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
         messages: list[Message] = []
