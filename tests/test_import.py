@@ -27,6 +27,7 @@ from agents.memory import SQLiteSession
 from cli_helpers import tl, tl_pty
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.cli._formats import EXPORTERS, IMPORTERS
+from threadline import durable
 from threadline.errors import CorruptLog
 from threadline.integrations.importers import (
     Imported,
@@ -39,6 +40,7 @@ from threadline.session import (
     CompactionEntry,
     CustomEntry,
     CustomMessageEntry,
+    FileStore,
     MemoryStore,
     MessageEntry,
     SessionRecord,
@@ -475,6 +477,25 @@ def test_s30_one_session_in_two_files_is_imported_once_or_refused(tmp_path: Path
     assert proc.returncode == 1 and "reads a database file, not stdin" in proc.stderr
 
 
+def test_s30_a_session_continued_after_its_import_is_refused_not_rewound(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "s"
+    [report] = import_json(str(store), "pi", PI)
+
+    async def continue_it() -> None:
+        agent = await durable.open(None, store=FileStore(store), session_id=report["session_id"],
+                                   create=False)
+        await agent.append(UserMessage.of("carried on in threadline"))
+
+    asyncio.run(continue_it())
+    before = FileStore(store).path_for(report["session_id"]).read_bytes()
+    proc = tl("--store", str(store), "import", "--format", "pi", str(PI), check=False)
+    assert proc.returncode == 1
+    assert f"has {report['entries'] + 1} entries in the destination but only" in proc.stderr
+    assert FileStore(store).path_for(report["session_id"]).read_bytes() == before
+
+
 def test_s30_a_torn_last_line_is_left_out_and_finished_by_the_next_import(
     tmp_path: Path,
 ) -> None:
@@ -529,10 +550,12 @@ def test_s30_the_documented_example_runs(tmp_path: Path) -> None:
     block = doc.split("<!-- example-import:", 1)[1].split("```python\n", 1)[1]
     (tmp_path / "example.py").write_text(block.split("```", 1)[0], encoding="utf-8")
     (tmp_path / "transcript.jsonl").write_bytes(CLAUDE.read_bytes())
-    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
     imp = one(import_claude_code, CLAUDE)
-    assert proc.stdout.splitlines() == [
-        f"{imp.record.id} {len(imp.entries)} entries, {imp.kept_raw} kept raw",
-        "3 messages a model would be sent"]
+    for copied, skipped in ((1, 0), (0, 1)):  # the second run changes nothing
+        proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            f"{imp.record.id} {len(imp.entries)} entries, {imp.kept_raw} kept raw",
+            f"{copied} copied, {skipped} already there",
+            "3 messages a model would be sent"]
