@@ -25,9 +25,9 @@ import pytest
 from agents.memory import SQLiteSession
 
 from cli_helpers import tl, tl_pty
+from threadline import durable
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.cli._formats import EXPORTERS, IMPORTERS
-from threadline import durable
 from threadline.errors import CorruptLog
 from threadline.integrations.importers import (
     Imported,
