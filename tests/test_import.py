@@ -496,6 +496,28 @@ def test_s30_a_session_continued_after_its_import_is_refused_not_rewound(
     assert FileStore(store).path_for(report["session_id"]).read_bytes() == before
 
 
+def test_s30_hostile_text_in_a_transcript_is_shown_escaped(tmp_path: Path) -> None:
+    evil = "x\x1b[2J\u202ey"
+    text = PI.read_text(encoding="utf-8")
+    text = text.replace("7f1c2a9e-41d2-4b6a-9c3e-2d8b5e0f6a11", json.dumps(evil)[1:-1])
+    text = text.replace('"customType":"todo"', '"customType":' + json.dumps(evil))
+    text += '{"type":"message","id":"zz",\n'  # a bad line after all, to see the error too
+    path = tmp_path / "evil.jsonl"
+    path.write_text(text, encoding="utf-8")
+    store = str(tmp_path / "s")
+    proc = tl("--store", store, "import", "--format", "pi", str(path), check=False)
+    assert proc.returncode == 1 and "\x1b" not in proc.stderr and "\u202e" not in proc.stderr
+    path.write_text(text.rsplit("\n", 2)[0] + "\n", encoding="utf-8")
+    shown, as_json = "x\\x1b[2J\\u202ey", "x\\u001b[2J\\u202ey"
+    for args, escaped in ((("import", "--format", "pi", str(path)), shown),
+                          (("show", evil, "--no-pager"), shown),
+                          (("import", "--format", "pi", str(path), "--json"), as_json)):
+        proc = tl("--store", store, *args)
+        out = proc.stdout + proc.stderr
+        assert "\x1b" not in out and "\u202e" not in out, args
+        assert escaped in out, args
+
+
 def test_s30_a_torn_last_line_is_left_out_and_finished_by_the_next_import(
     tmp_path: Path,
 ) -> None:

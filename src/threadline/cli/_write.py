@@ -123,7 +123,7 @@ def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Impor
         elif (seen[sid][1].record, encode_entries(seen[sid][1].entries)) != (
                 item.record, encode_entries(item.entries)):
             raise ConfigError(f"{seen[sid][0]} and {name} hold different versions of session "
-                              f"{visible(sid)}; import one of them")
+                              f"{sid!r}; import one of them")
     return list(seen.values())
 
 
