@@ -45,9 +45,15 @@ def public_packages() -> set[str]:
 DOCUMENTED = documented()
 
 
+def _container(module: str) -> bool:
+    """A package that only holds subpackages (``threadline.integrations``)."""
+    return importlib.import_module(module).__all__ == []
+
+
 def test_every_public_module_is_documented() -> None:
     # cli is a command, not an import surface; its only name is ``main``.
-    assert set(DOCUMENTED) == public_packages() - {"threadline.cli"}
+    expected = {m for m in public_packages() - {"threadline.cli"} if not _container(m)}
+    assert set(DOCUMENTED) == expected
 
 
 @pytest.mark.parametrize("module", sorted(DOCUMENTED))

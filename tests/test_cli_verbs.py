@@ -107,7 +107,8 @@ def test_export_import_round_trips_through_every_store(
     for url in (str(tmp_path / "files"), f"sqlite:///{tmp_path / 'x.db'}",
                 f"{pg_url}?schema={pg_schema}"):
         out = json.loads(tl("--store", url, "import", str(dump), "--json").stdout)
-        assert out == {"session_id": SID, "file": str(dump), "entries": 6, "status": "copied"}
+        assert out == {"session_id": SID, "file": str(dump), "entries": 6, "mapped": 6,
+                       "kept_raw": 0, "extra_fields": {}, "status": "copied"}
         again = tl("--store", url, "export", SID).stdout.encode("utf-8", "surrogateescape")
         assert again == original, url
         # Importing again changes nothing and says so.

@@ -27,8 +27,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "stores": frozenset({"session", "errors"}),
     "testing": frozenset({"agent", "session", "ai", "errors"}),
     "viewer": frozenset({"durable", "stores", "agent", "session", "ai", "errors"}),
-    "cli": frozenset({"durable", "stores", "testing", "viewer", "agent", "session", "ai",
-                      "errors"}),
+    "integrations": frozenset({"durable", "stores", "agent", "session", "ai", "errors"}),
+    "cli": frozenset({"durable", "stores", "testing", "viewer", "integrations", "agent",
+                      "session", "ai", "errors"}),
 }
 
 

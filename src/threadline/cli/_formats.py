@@ -15,13 +15,19 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
 
 import msgspec
 
 from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.cli._output import json_bytes, visible
 from threadline.errors import CorruptLog
+from threadline.integrations.importers import (
+    Imported,
+    import_agents_sqlite,
+    import_claude_code,
+    import_pi,
+)
 from threadline.session._codec import decode_entry, decode_init, encode_entries, encode_init
 from threadline.session._context import build_context
 from threadline.session._entries import (
@@ -36,7 +42,7 @@ from threadline.session._entries import (
 )
 from threadline.session._tree import TreeIndex
 
-__all__ = ["EXPORTERS", "IMPORTERS", "Imported"]
+__all__ = ["EXPORTERS", "IMPORTERS", "PATH_IMPORTERS", "Imported"]
 
 Exporter = Callable[[SessionRecord, TreeIndex, bool], bytes]
 """(record, tree, to a terminal) -> the bytes to write."""
@@ -110,11 +116,6 @@ EXPORTERS: dict[str, Exporter] = {
 }
 
 
-class Imported(NamedTuple):
-    record: SessionRecord
-    entries: list[Entry]
-
-
 Importer = Callable[[bytes, str], list[Imported]]
 """(file bytes, file name for errors) -> the sessions in it."""
 
@@ -141,4 +142,11 @@ def _import_threadline(data: bytes, name: str) -> list[Imported]:
 
 IMPORTERS: dict[str, Importer] = {
     "threadline": _import_threadline,
+    "pi": import_pi,
+    "claude-code": import_claude_code,
+}
+
+PATH_IMPORTERS: dict[str, Callable[[Path], list[Imported]]] = {
+    # A database is read where it lies, not as bytes.
+    "openai-agents-sqlite": import_agents_sqlite,
 }

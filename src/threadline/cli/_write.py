@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from threadline import durable
 from threadline.cli._app import Ctx, Verb
-from threadline.cli._formats import IMPORTERS, Imported
+from threadline.cli._formats import IMPORTERS, PATH_IMPORTERS, Imported
 from threadline.cli._output import visible
 from threadline.cli._read import add_json
 from threadline.cli._render import resolve
 from threadline.errors import ConfigError
+from threadline.session._codec import encode_entries
 from threadline.session._memory import MemoryStore
 from threadline.session._tree import TreeIndex
 from threadline.stores import CopyProgress, CopyResult, copy_sessions
@@ -91,12 +94,18 @@ async def _delete(ctx: Ctx, args: argparse.Namespace) -> int:
 
 def _conf_import(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="files to read ('-' for stdin)")
-    p.add_argument("--format", choices=sorted(IMPORTERS), default="threadline",
-                   help="threadline (default): what `threadline export` writes")
+    p.add_argument("--format", choices=sorted(IMPORTERS | PATH_IMPORTERS), default="threadline",
+                   help="threadline (default): what `threadline export` writes; pi, "
+                        "claude-code: their JSONL transcripts; openai-agents-sqlite: an "
+                        "Agents SDK SQLiteSession database")
     add_json(p)
 
 
 def _read_file(name: str, fmt: str) -> list[Imported]:
+    if fmt in PATH_IMPORTERS:
+        if name == "-":
+            raise ConfigError(f"--format {fmt} reads a database file, not stdin")
+        return PATH_IMPORTERS[fmt](Path(name))
     try:
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
     except OSError as exc:
@@ -104,26 +113,72 @@ def _read_file(name: str, fmt: str) -> list[Imported]:
     return IMPORTERS[fmt](data, "<stdin>" if name == "-" else name)
 
 
+def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Imported]]:
+    """Drop a session read twice (the same file named twice); refuse two versions of one."""
+    seen: dict[str, tuple[str, Imported]] = {}
+    for name, item in found:
+        sid = item.record.id
+        if sid not in seen:
+            seen[sid] = (name, item)
+        elif (seen[sid][1].record, encode_entries(seen[sid][1].entries)) != (
+                item.record, encode_entries(item.entries)):
+            raise ConfigError(f"{seen[sid][0]} and {name} hold different versions of session "
+                              f"{sid!r}; import one of them")
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def _bar(ctx: Ctx, what: str, show: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on a terminal's stderr: ``update(done, total, current)``."""
+    if not (show and ctx.err.is_terminal):
+        yield lambda done, total, current: None
+        return
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[current]}", markup=False))
+    with Progress(*columns, console=ctx.err.console(), transient=True) as bar:
+        task = bar.add_task(what, total=None, current="")
+        yield lambda done, total, current: bar.update(task, completed=done, total=total,
+                                                      current=visible(current))
+
+
 async def _import(ctx: Ctx, args: argparse.Namespace) -> None:
-    found = [(name, item) for name in args.files for item in _read_file(name, args.format)]
+    found: list[tuple[str, Imported]] = []
+    with _bar(ctx, "reading files", len(args.files) > 1) as update:
+        for done, name in enumerate(args.files, 1):
+            found += [(name, item) for item in _read_file(name, args.format)]
+            update(done, len(args.files), name)
+    found = _one_per_session(found)
     staging = MemoryStore()
     for _, item in found:
+        for message in item.notes:
+            ctx.notice(message)
         await staging.create_session(item.record)
         await staging.append_entries(item.record.id, item.entries)
     dst = ctx.open(create=True)
     # copy_sessions brings the resume-or-refuse rule: a session already there
     # with the same entries is skipped, one that differs is a CopyConflict.
+    # One batch per session, so an interrupted import never leaves a prefix
+    # that looks like a whole transcript.
     statuses: dict[str, str] = {}
-    await copy_sessions(staging, dst, ids=[item.record.id for _, item in found],
-                        progress=lambda p: statuses.__setitem__(p.session_id, p.status))
+    with _bar(ctx, "importing sessions", len(found) > 1) as update:
+        def note(p: CopyProgress) -> None:
+            statuses[p.session_id] = p.status
+            update(p.done, p.total, p.session_id)
+
+        await copy_sessions(staging, dst, ids=[item.record.id for _, item in found],
+                            progress=note,
+                            batch_size=max([len(item.entries) for _, item in found] + [1]))
     for name, item in found:
         sid = item.record.id
         if args.json:
             ctx.out.json({"session_id": sid, "file": name, "entries": len(item.entries),
+                          "mapped": len(item.entries) - item.kept_raw,
+                          "kept_raw": item.kept_raw, "extra_fields": item.extra_fields,
                           "status": statuses[sid]})
         else:
             verb = "already present, unchanged" if statuses[sid] == "skipped" else "imported"
-            ctx.out.line(f"{verb}: {sid} ({len(item.entries)} entries) from {name}")
+            raw = f", {item.kept_raw} kept raw" if item.kept_raw else ""
+            ctx.out.line(f"{verb}: {sid} ({len(item.entries)} entries{raw}) from {name}")
 
 
 # -- copy ---------------------------------------------------------------------------
@@ -166,27 +221,20 @@ async def _copy(ctx: Ctx, args: argparse.Namespace) -> None:
         result = await copy_sessions(src, dst, ids=ids, progress=report)
         ctx.out.json(result)
         return
-    if ctx.err.is_terminal:
-        columns = (TextColumn("{task.description}", markup=False), BarColumn(),
-                   MofNCompleteColumn(), TextColumn("{task.fields[current]}", markup=False))
-        with Progress(*columns, console=ctx.err.console(), transient=True) as bar:
-            task = bar.add_task("copying sessions", total=None, current="")
+    with _bar(ctx, "copying sessions", True) as update:
+        def show(p: CopyProgress) -> None:
+            note(p)
+            update(p.done, p.total, p.session_id)
 
-            def show(p: CopyProgress) -> None:
-                note(p)
-                bar.update(task, completed=p.done, total=p.total,
-                           current=visible(p.session_id))
-
-            result = await copy_sessions(src, dst, ids=ids, progress=show)
-    else:
-        result = await copy_sessions(src, dst, ids=ids, progress=note)
+        result = await copy_sessions(src, dst, ids=ids, progress=show)
     ctx.out.line(("copied ", "bold"), _summary(result, args))
 
 
 VERBS = [
     Verb("fork", "copy a session's active path into a new session", _conf_fork, _fork),
     Verb("delete", "delete sessions", _conf_delete, _delete),
-    Verb("import", "read sessions from files (what `export` writes) into the store",
+    Verb("import", "read sessions from files (what `export` writes, or pi, Claude Code and "
+                   "Agents SDK transcripts) into the store",
          _conf_import, _import),
     Verb("copy", "copy sessions between stores (resumable)", _conf_copy, _copy),
 ]
