@@ -110,45 +110,65 @@ def pct(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def _durable_copy(source: Path, path: Path) -> int:
+    """Copy ``source`` to ``path``, fsync it, and return a descriptor appending to it."""
+    path.write_bytes(source.read_bytes())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.fsync(fd)
+    return fd
+
+
+def _p50_p99_ms(**samples: list[float]) -> dict[str, float]:
+    """``<name>_p50_ms`` and ``<name>_p99_ms`` for each named list of seconds."""
+    out: dict[str, float] = {}
+    for name, seconds in samples.items():
+        out[f"{name}_p50_ms"] = pct(seconds, 0.5) * 1e3
+        out[f"{name}_p99_ms"] = pct(seconds, 0.99) * 1e3
+    return out
+
+
+class _ThreadHop:
+    """How the store gets an append off the event loop and back: a worker thread
+    writes and fdatasyncs ``data`` to ``fd`` (nothing when empty), a future says done."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pool = ThreadPoolExecutor(1)
+
+    async def __call__(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self.pool.submit(self._in_thread, loop, done, data)
+        await done
+
+    def _in_thread(
+        self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None], data: bytes
+    ) -> None:
+        if data:
+            os.write(self.fd, data)
+            os.fdatasync(self.fd)
+        loop.call_soon_threadsafe(done.set_result, None)
+
+
 def bench_append(root: Path, preload: int, samples: int) -> dict[str, Any]:
     store = FileStore(root / f"n{preload}")
     sid = f"append-{preload}"
     asyncio.run(store.create_session(SessionRecord(id=sid)))
     existing = realistic_entries(preload, seed=preload)
     asyncio.run(store.append_entries(sid, existing))
-    # The floor appends to a copy of the same file, made durable first.
-    floor_path = root / f"floor-{preload}.jsonl"
-    floor_path.write_bytes(store.path_for(sid).read_bytes())
-    threaded_path = root / f"threaded-{preload}.jsonl"
-    threaded_path.write_bytes(floor_path.read_bytes())
-    floor_fd = os.open(floor_path, os.O_WRONLY | os.O_APPEND)
-    threaded_fd = os.open(threaded_path, os.O_WRONLY | os.O_APPEND)
-    os.fsync(floor_fd)
-    os.fsync(threaded_fd)
+    # The floors append to copies of the same file, made durable first.
+    floor_fd = _durable_copy(store.path_for(sid), root / f"floor-{preload}.jsonl")
+    threaded_fd = _durable_copy(store.path_for(sid), root / f"threaded-{preload}.jsonl")
     new = realistic_entries(samples, seed=99)
     parent = existing[-1].id
     store_s: list[float] = []
     floor_s: list[float] = []
     hop_s: list[float] = []
     threaded_s: list[float] = []
-    pool = ThreadPoolExecutor(1)
+    hop = _ThreadHop(threaded_fd)
 
     async def run() -> None:
         nonlocal parent
-        loop = asyncio.get_running_loop()
-
-        def in_thread(done: asyncio.Future[None], data: bytes) -> None:
-            if data:
-                os.write(threaded_fd, data)
-                os.fdatasync(threaded_fd)
-            loop.call_soon_threadsafe(done.set_result, None)
-
-        async def hop(data: bytes) -> None:
-            # How the store gets an append off the event loop and back.
-            done = loop.create_future()
-            pool.submit(in_thread, done, data)
-            await done
-
         await hop(b"")
         for k in range(samples):
             # Interleaved so the three see the same disk and machine load.
@@ -171,21 +191,11 @@ def bench_append(root: Path, preload: int, samples: int) -> dict[str, Any]:
 
     asyncio.run(run())
     asyncio.run(store.close())
-    pool.shutdown()
+    hop.pool.shutdown()
     os.close(floor_fd)
     os.close(threaded_fd)
-    out = {
-        "entries_before": preload,
-        "samples": samples,
-        "store_p50_ms": pct(store_s, 0.5) * 1e3,
-        "store_p99_ms": pct(store_s, 0.99) * 1e3,
-        "floor_p50_ms": pct(floor_s, 0.5) * 1e3,
-        "floor_p99_ms": pct(floor_s, 0.99) * 1e3,
-        "threaded_floor_p50_ms": pct(threaded_s, 0.5) * 1e3,
-        "threaded_floor_p99_ms": pct(threaded_s, 0.99) * 1e3,
-        "hop_p50_ms": pct(hop_s, 0.5) * 1e3,
-        "hop_p99_ms": pct(hop_s, 0.99) * 1e3,
-    }
+    out: dict[str, Any] = {"entries_before": preload, "samples": samples}
+    out |= _p50_p99_ms(store=store_s, floor=floor_s, threaded_floor=threaded_s, hop=hop_s)
     out["p50_ratio"] = out["store_p50_ms"] / out["floor_p50_ms"]
     out["p99_ratio"] = out["store_p99_ms"] / out["floor_p99_ms"]
     out["threaded_floor_p50_ratio"] = out["threaded_floor_p50_ms"] / out["floor_p50_ms"]

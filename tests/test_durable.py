@@ -789,33 +789,47 @@ async def consume_until(
         seen.append(ev)
         return len(seen) > stop if isinstance(stop, int) else type(ev).__name__ == stop
 
-    if style == "break":
-        async for ev in agent.run(text):
-            if done(ev):
-                break
-    elif style == "aclose":
-        run = agent.run(text)
+    await _LEAVE.get(style, _leave_by_cancel)(agent, text, done)
+    return seen
+
+
+async def _leave_by_break(agent: DurableAgent, text: str, done: Callable[[Any], bool]) -> None:
+    async for ev in agent.run(text):
+        if done(ev):
+            break
+
+
+async def _leave_by_aclose(agent: DurableAgent, text: str, done: Callable[[Any], bool]) -> None:
+    run = agent.run(text)
+    async for ev in run:
+        if done(ev):
+            break
+    await run.aclose()
+
+
+async def _leave_by_async_with(
+    agent: DurableAgent, text: str, done: Callable[[Any], bool]
+) -> None:
+    async with agent.run(text) as run:
         async for ev in run:
             if done(ev):
                 break
-        await run.aclose()
-    elif style == "async_with":
+
+
+async def _leave_by_cancel(agent: DurableAgent, text: str, done: Callable[[Any], bool]) -> None:
+    async def consumer() -> None:
         async with agent.run(text) as run:
             async for ev in run:
                 if done(ev):
-                    break
-    else:
+                    task.cancel()
 
-        async def consumer() -> None:
-            async with agent.run(text) as run:
-                async for ev in run:
-                    if done(ev):
-                        task.cancel()
+    task = asyncio.create_task(consumer())
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
-        task = asyncio.create_task(consumer())
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    return seen
+
+_LEAVE = {"break": _leave_by_break, "aclose": _leave_by_aclose,
+          "async_with": _leave_by_async_with, "cancel": _leave_by_cancel}
 
 
 @pytest.mark.parametrize("style", ["break", "aclose", "async_with", "cancel"])

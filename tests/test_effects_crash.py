@@ -36,7 +36,7 @@ from threadline import durable
 from threadline.ai import AssistantMessage, ToolContext, ToolResultMessage, UserMessage, tool
 from threadline.ai._model import Request
 from threadline.errors import ApprovalError, DecisionConflict
-from threadline.session import CustomEntry, Entry, MessageEntry
+from threadline.session import CatalogStore, CustomEntry, Entry, MessageEntry
 from threadline.stores import open_store
 from threadline.testing import Call, ScriptedModel, Turn, assert_valid_for_providers
 
@@ -62,56 +62,71 @@ def _pay_script(tag: str) -> Any:
 
 async def _child(job: dict[str, Any]) -> None:
     tag = job["tag"]
-    rng = random.Random(job["seed"])
     counter = Counter(Path(job["counter"]))
     store = open_store(job["store"])
-    mode = job["mode"]
+    try:
+        await _MODES[job["mode"]](job, counter, store)
+    finally:
+        await store.close()
+    _say(tag=tag, done=True)
+
+
+async def _run_pay(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
+    tag = job["tag"]
+    rng = random.Random(job["seed"])
 
     async def pause() -> None:
         await asyncio.sleep(rng.uniform(0, 0.003))
 
-    try:
-        if mode == "pay":
-            def hooks(phase: str, key: str) -> None:
-                _say(tag=tag, phase=phase, key=key)
+    def hooks(phase: str, key: str) -> None:
+        _say(tag=tag, phase=phase, key=key)
 
-            pay = pay_tool(counter, replay=job["replay"], hooks=hooks, pause=pause)
-            agent = await durable.open(durable.model(ScriptedModel(_pay_script(tag)), [pay]),
-                                       store=store, session_id=job["session"])
-            async for ev in agent.run("pay both"):
-                _report(tag, ev)
-        elif mode == "approval_a":
-            agent = await durable.open(
-                durable.model(ScriptedModel(_refund_script()), [_refund(counter, None)]),
-                store=store, session_id=job["session"])
-            async for ev in agent.run("refund it"):
-                _report(tag, ev)
-        elif mode == "approve":
-            agent = await durable.open(None, store=store, session_id=job["session"])
-            go = Path(job["go"]) if job.get("go") else None
-            _say(tag=tag, ready=True)
-            while go is not None and not go.exists():  # noqa: ASYNC110
-                await asyncio.sleep(0.0005)
-            try:
-                if job["approve"]:
-                    await agent.approve("big", by=tag)
-                else:
-                    await agent.deny("big", f"denied by {tag}", by=tag)
-                _say(tag=tag, outcome="ok")
-            except DecisionConflict:
-                _say(tag=tag, outcome="conflict")
-            except ApprovalError:
-                _say(tag=tag, outcome="refused")
-        elif mode == "approval_c":
-            hang = asyncio.Event()
-            lm = ScriptedModel([Turn.text("refunded")])
-            agent = await durable.open(durable.model(lm, [_refund(counter, hang, f"{tag}-tool")]),
-                                       store=store, session_id=job["session"])
-            async for ev in agent.continue_run():
-                _report(tag, ev)
-    finally:
-        await store.close()
-    _say(tag=tag, done=True)
+    pay = pay_tool(counter, replay=job["replay"], hooks=hooks, pause=pause)
+    agent = await durable.open(durable.model(ScriptedModel(_pay_script(tag)), [pay]),
+                               store=store, session_id=job["session"])
+    async for ev in agent.run("pay both"):
+        _report(tag, ev)
+
+
+async def _run_approval_a(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
+    agent = await durable.open(
+        durable.model(ScriptedModel(_refund_script()), [_refund(counter, None)]),
+        store=store, session_id=job["session"])
+    async for ev in agent.run("refund it"):
+        _report(job["tag"], ev)
+
+
+async def _run_approve(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
+    tag = job["tag"]
+    agent = await durable.open(None, store=store, session_id=job["session"])
+    go = Path(job["go"]) if job.get("go") else None
+    _say(tag=tag, ready=True)
+    while go is not None and not go.exists():  # noqa: ASYNC110
+        await asyncio.sleep(0.0005)
+    try:
+        if job["approve"]:
+            await agent.approve("big", by=tag)
+        else:
+            await agent.deny("big", f"denied by {tag}", by=tag)
+        _say(tag=tag, outcome="ok")
+    except DecisionConflict:
+        _say(tag=tag, outcome="conflict")
+    except ApprovalError:
+        _say(tag=tag, outcome="refused")
+
+
+async def _run_approval_c(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
+    tag = job["tag"]
+    hang = asyncio.Event()
+    lm = ScriptedModel([Turn.text("refunded")])
+    agent = await durable.open(durable.model(lm, [_refund(counter, hang, f"{tag}-tool")]),
+                               store=store, session_id=job["session"])
+    async for ev in agent.continue_run():
+        _report(tag, ev)
+
+
+_MODES = {"pay": _run_pay, "approval_a": _run_approval_a, "approve": _run_approve,
+          "approval_c": _run_approval_c}
 
 
 def _report(tag: str, ev: Any) -> None:

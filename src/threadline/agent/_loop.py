@@ -97,6 +97,34 @@ class _Reply:
     error: BaseException | None = None
 
 
+@dataclass(slots=True)
+class _ToolOutcome:
+    """What one assistant message's calls came to (``_run_tools`` fills it).
+
+    ``results[i]`` is call i's result, None while it has none (an aborted call
+    keeps None); ``held`` holds the indexes of the calls the gate paused.
+    """
+
+    calls: Sequence[ToolCall]
+    results: list[ToolResultMessage | None] = dataclasses.field(init=False)
+    held: set[int] = dataclasses.field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.calls)
+
+    def answered(self) -> tuple[ToolResultMessage, ...]:
+        """The results in call order, ``aborted`` for a call without one; held calls left out."""
+        return tuple(
+            r or _aborted(c)
+            for i, (r, c) in enumerate(zip(self.results, self.calls, strict=True))
+            if i not in self.held
+        )
+
+    def paused(self) -> list[str]:
+        """The ids of the calls the gate holds, in call order."""
+        return [self.calls[i].id for i in sorted(self.held)]
+
+
 @dataclass(frozen=True, slots=True)
 class Deny:
     """Returned by ``before_tool_call`` to refuse a call; the model sees the reason."""
@@ -195,7 +223,7 @@ class AgentLoop:
         turn = 0
         paused: list[str] = []
         while True:
-            if abort is not None and abort.is_set():
+            if _is_set(abort):
                 error = asyncio.CancelledError("run aborted")
                 break
             turn += 1
@@ -214,18 +242,13 @@ class AgentLoop:
                 produced.append(final)
                 yield MessageEnd(final)
                 calls = final.tool_calls
-            results: list[ToolResultMessage | None] = [None] * len(calls)
-            held: set[int] = set()
-            if calls and error is None and not (abort is not None and abort.is_set()):
-                tool_run = self._run_tools(calls, abort, results, gate, held)
-                async with aclosing(tool_run) as tool_events:
+            outcome = _ToolOutcome(calls)
+            if calls and error is None and not _is_set(abort):
+                async with aclosing(self._run_tools(outcome, abort, gate)) as tool_events:
                     async for tool_event in tool_events:
                         yield tool_event
-            done = tuple(
-                r or _aborted(c) for i, (r, c) in enumerate(zip(results, calls, strict=True))
-                if i not in held
-            )
-            paused.extend(calls[i].id for i in sorted(held))
+            done = outcome.answered()
+            paused.extend(outcome.paused())
             for result in done:
                 history.append(result)
                 produced.append(result)
@@ -234,9 +257,7 @@ class AgentLoop:
             yield TurnEnd(turn, final, done)
             if error is not None or not calls or paused:
                 break
-            if self.max_turns is not None and turn >= self.max_turns and not (
-                abort is not None and abort.is_set()
-            ):
+            if self.max_turns is not None and turn >= self.max_turns and not _is_set(abort):
                 error = AgentError(
                     f"stopped after max_turns={self.max_turns}: the model still asked for tools"
                 )
@@ -249,7 +270,7 @@ class AgentLoop:
     ) -> AsyncGenerator[AgentEvent, None]:
         """Stream one assistant message as updates; its end and error land in ``reply``."""
         info = self.model.info
-        if abort is not None and abort.is_set():  # set while TurnStart was reported
+        if _is_set(abort):  # set while TurnStart was reported
             reply.message = AssistantMessage(
                 model=info.id, provider=info.provider, stop_reason="aborted",
                 error_message="aborted",
@@ -278,46 +299,28 @@ class AgentLoop:
         reply.message = _failed(info.id, info.provider, text)
 
     async def _run_tools(
-        self,
-        calls: Sequence[ToolCall],
-        abort: asyncio.Event | None,
-        results: list[ToolResultMessage | None],
-        gate: ToolGate | None = None,
-        held: set[int] | None = None,
+        self, outcome: _ToolOutcome, abort: asyncio.Event | None, gate: ToolGate | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
-        """Execute ``calls``, filling ``results``; a call left at None was aborted.
+        """Execute ``outcome.calls``, filling ``outcome``; a call left at None was aborted.
 
         Calls the gate answers get their result without execution events;
-        calls it pauses are added to ``held`` and left at None.
+        calls it pauses are added to ``outcome.held`` and left at None.
         """
-        admitted = [True] * len(calls)
-        if gate is not None:
-            for i, call in enumerate(calls):
-                verdict = await self._admit(gate, call)
-                if verdict is None:
-                    continue
-                admitted[i] = False
-                if isinstance(verdict, Pause):
-                    if held is not None:
-                        held.add(i)
-                else:
-                    results[i] = verdict
+        calls, results = outcome.calls, outcome.results
+        admitted = [True] * len(calls) if gate is None else await self._admit_all(gate, outcome)
         # Tool tasks report through one queue: an update, the index of a call that
         # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
         # a TaskGroup would cancel the consumer's task, which runs this generator.
         queue: asyncio.Queue[ToolExecutionUpdate | int | None] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[ToolResultMessage]] = {}
-        watcher: asyncio.Future[Any] | None = None
-        if abort is not None:
-            watcher = asyncio.ensure_future(abort.wait())
-            watcher.add_done_callback(lambda _: queue.put_nowait(None))
+        watcher = _watch_abort(abort, queue)
         launched = finished = 0
         try:
             while finished < len(calls):
                 while (
                     launched < len(calls)
                     and (self.parallel_tools or launched == finished)
-                    and not (abort is not None and abort.is_set())
+                    and not _is_set(abort)
                 ):
                     if not admitted[launched]:
                         launched += 1
@@ -342,21 +345,23 @@ class AgentLoop:
                 finished += 1
                 yield ToolExecutionEnd(result.tool_call_id, result.tool_name, result)
         finally:
-            for task in tasks.values():
-                task.cancel()
-            if watcher is not None:
-                watcher.cancel()
-                await asyncio.wait((watcher, *tasks.values()))
-            elif tasks:
-                await asyncio.wait(tasks.values())
+            await _cancel_and_wait(tasks, watcher)
         # Only reached when abort fired: close every started call.
         for index, task in sorted(tasks.items()):
-            if task.cancelled() or task.exception() is not None:
-                ended = _aborted(calls[index])
-            else:
-                ended = task.result()
-            results[index] = ended
+            results[index] = ended = _ended(task, calls[index])
             yield ToolExecutionEnd(ended.tool_call_id, ended.tool_name, ended)
+
+    async def _admit_all(self, gate: ToolGate, outcome: _ToolOutcome) -> list[bool]:
+        """Put every call to the gate, in call order; False for those it answered or held."""
+        admitted: list[bool] = []
+        for i, call in enumerate(outcome.calls):
+            verdict = await self._admit(gate, call)
+            if isinstance(verdict, Pause):
+                outcome.held.add(i)
+            elif verdict is not None:
+                outcome.results[i] = verdict
+            admitted.append(verdict is None)
+        return admitted
 
     async def _admit(
         self, gate: ToolGate, call: ToolCall
@@ -428,6 +433,41 @@ class AgentLoop:
             tool_call_id=call.id, tool_name=call.name, content=result.content,
             is_error=result.is_error, details=result.details,
         )
+
+
+def _is_set(abort: asyncio.Event | None) -> bool:
+    return abort is not None and abort.is_set()
+
+
+def _watch_abort(
+    abort: asyncio.Event | None, queue: asyncio.Queue[ToolExecutionUpdate | int | None]
+) -> asyncio.Future[Any] | None:
+    """A future that puts None on ``queue`` once ``abort`` fires (None without ``abort``)."""
+    if abort is None:
+        return None
+    watcher = asyncio.ensure_future(abort.wait())
+    watcher.add_done_callback(lambda _: queue.put_nowait(None))
+    return watcher
+
+
+async def _cancel_and_wait(
+    tasks: dict[int, asyncio.Task[ToolResultMessage]], watcher: asyncio.Future[Any] | None
+) -> None:
+    """Cancel the tool tasks still running (and the abort watcher), then await them all."""
+    for task in tasks.values():
+        task.cancel()
+    if watcher is not None:
+        watcher.cancel()
+        await asyncio.wait((watcher, *tasks.values()))
+    elif tasks:
+        await asyncio.wait(tasks.values())
+
+
+def _ended(task: asyncio.Task[ToolResultMessage], call: ToolCall) -> ToolResultMessage:
+    """A wound-down tool task's result: its own if it finished, else ``aborted``."""
+    if task.cancelled() or task.exception() is not None:
+        return _aborted(call)
+    return task.result()
 
 
 async def _resolve(value: _T | Awaitable[_T]) -> _T:

@@ -101,89 +101,120 @@ def assert_event_order(
     and that each execution's arguments are those of its call. Calls named
     in ``AgentEnd.awaiting_approval`` are allowed no result.
     """
-    pos = 0
-    ended: list[Message] = []
-
-    def take(cls: type[Any]) -> Any:
-        nonlocal pos
-        assert pos < len(events), f"events end early; expected {cls.__name__}"
-        ev = events[pos]
-        assert isinstance(ev, cls), f"event {pos}: expected {cls.__name__}, got {ev!r}"
-        pos += 1
-        return ev
-
-    def peek(*classes: type[Any]) -> bool:
-        return pos < len(events) and isinstance(events[pos], classes)
-
+    reader = _Reader(events)
     last_event = events[-1] if events else None
     held = set(last_event.awaiting_approval) if isinstance(last_event, AgentEnd) else set()
-    take(AgentStart)
-    while peek(MessageStart):
-        start, end = take(MessageStart), take(MessageEnd)
+    reader.take(AgentStart)
+    while reader.peek(MessageStart):
+        start, end = reader.take(MessageStart), reader.take(MessageEnd)
         assert start.message == end.message
         assert isinstance(end.message, UserMessage)
-        ended.append(end.message)
+        reader.ended.append(end.message)
     turn = 0
     last: AssistantMessage | None = None
-    while peek(TurnStart):
+    while reader.peek(TurnStart):
         turn += 1
-        assert take(TurnStart).turn == turn
-        first = take(MessageStart).message
-        assert isinstance(first, AssistantMessage) and first.content == ()
-        updates = []
-        while peek(MessageUpdate):
-            updates.append(take(MessageUpdate).event)
-        last = take(MessageEnd).message
-        assert isinstance(last, AssistantMessage)
-        if strict:
-            assert_stream_order(updates, last)
-        ended.append(last)
-        calls = last.tool_calls
-        ids = [c.id for c in calls]
-        started: list[str] = []
-        running: set[str] = set()
-        executed: dict[str, ToolResultMessage] = {}
-        while peek(ToolExecutionStart, ToolExecutionUpdate, ToolExecutionEnd):
-            ev = events[pos]
-            pos += 1
-            if isinstance(ev, ToolExecutionStart):
-                assert ev.tool_call_id in ids and ev.tool_call_id not in started, ev
-                assert not (sequential and running), f"{ev!r} while {running} run"
-                assert not strict or ev.arguments == calls[ids.index(ev.tool_call_id)].arguments
-                started.append(ev.tool_call_id)
-                running.add(ev.tool_call_id)
-            elif isinstance(ev, ToolExecutionUpdate):
-                assert ev.tool_call_id in running, f"{ev!r} outside its execution"
-            else:
-                assert isinstance(ev, ToolExecutionEnd)
-                assert ev.tool_call_id in running, f"{ev!r} without a start"
-                running.discard(ev.tool_call_id)
-                executed[ev.tool_call_id] = ev.result
-        assert not running, f"executions never ended: {running}"
-        assert started == [i for i in ids if i in started], "starts out of call order"
-        results = []
-        for call in calls:
-            if call.id in held:
-                continue  # held for approval: no result until a decision
-            start, done = take(MessageStart), take(MessageEnd)
-            result = done.message
-            assert start.message == result and isinstance(result, ToolResultMessage)
-            assert (result.tool_call_id, result.tool_name) == (call.id, call.name)
-            if call.id in executed:
-                assert executed[call.id] == result
-            elif strict:
-                assert result.synthesized == "aborted" and result.is_error
-            results.append(result)
-            ended.append(result)
-        turn_end = take(TurnEnd)
-        assert (turn_end.turn, turn_end.message) == (turn, last)
-        assert turn_end.tool_results == tuple(results)
+        last = _check_turn(reader, turn, held, sequential=sequential, strict=strict)
         if last.stop_reason in ("error", "aborted"):
             break
-    agent_end = take(AgentEnd)
+    agent_end = reader.take(AgentEnd)
     assert isinstance(agent_end, AgentEnd)
-    assert pos == len(events), f"events after AgentEnd: {events[pos:]}"
-    assert list(agent_end.messages) == ended
+    assert reader.pos == len(events), f"events after AgentEnd: {events[reader.pos:]}"
+    assert list(agent_end.messages) == reader.ended
     if last is not None and last.stop_reason in ("error", "aborted"):
         assert agent_end.error is not None, "a failed or aborted run must say why"
     return agent_end
+
+
+class _Reader:
+    """A cursor over the events, and the messages whose MessageEnd it has read."""
+
+    def __init__(self, events: Sequence[AgentEvent]) -> None:
+        self.events = events
+        self.pos = 0
+        self.ended: list[Message] = []
+
+    def take(self, cls: type[Any]) -> Any:
+        assert self.pos < len(self.events), f"events end early; expected {cls.__name__}"
+        ev = self.events[self.pos]
+        assert isinstance(ev, cls), f"event {self.pos}: expected {cls.__name__}, got {ev!r}"
+        self.pos += 1
+        return ev
+
+    def peek(self, *classes: type[Any]) -> bool:
+        return self.pos < len(self.events) and isinstance(self.events[self.pos], classes)
+
+
+def _check_turn(
+    reader: _Reader, turn: int, held: set[str], *, sequential: bool, strict: bool
+) -> AssistantMessage:
+    """One turn, TurnStart to TurnEnd; return its assistant message."""
+    assert reader.take(TurnStart).turn == turn
+    first = reader.take(MessageStart).message
+    assert isinstance(first, AssistantMessage) and first.content == ()
+    updates = []
+    while reader.peek(MessageUpdate):
+        updates.append(reader.take(MessageUpdate).event)
+    last = reader.take(MessageEnd).message
+    assert isinstance(last, AssistantMessage)
+    if strict:
+        assert_stream_order(updates, last)
+    reader.ended.append(last)
+    executed = _check_executions(reader, last, sequential=sequential, strict=strict)
+    results = _check_results(reader, last, held, executed, strict=strict)
+    turn_end = reader.take(TurnEnd)
+    assert (turn_end.turn, turn_end.message) == (turn, last)
+    assert turn_end.tool_results == tuple(results)
+    return last
+
+
+def _check_executions(
+    reader: _Reader, message: AssistantMessage, *, sequential: bool, strict: bool
+) -> dict[str, ToolResultMessage]:
+    """The tool executions after ``message``; return the results they ended with, by call id."""
+    calls = message.tool_calls
+    ids = [c.id for c in calls]
+    started: list[str] = []
+    running: set[str] = set()
+    executed: dict[str, ToolResultMessage] = {}
+    while reader.peek(ToolExecutionStart, ToolExecutionUpdate, ToolExecutionEnd):
+        ev = reader.events[reader.pos]
+        reader.pos += 1
+        if isinstance(ev, ToolExecutionStart):
+            assert ev.tool_call_id in ids and ev.tool_call_id not in started, ev
+            assert not (sequential and running), f"{ev!r} while {running} run"
+            assert not strict or ev.arguments == calls[ids.index(ev.tool_call_id)].arguments
+            started.append(ev.tool_call_id)
+            running.add(ev.tool_call_id)
+        elif isinstance(ev, ToolExecutionUpdate):
+            assert ev.tool_call_id in running, f"{ev!r} outside its execution"
+        else:
+            assert isinstance(ev, ToolExecutionEnd)
+            assert ev.tool_call_id in running, f"{ev!r} without a start"
+            running.discard(ev.tool_call_id)
+            executed[ev.tool_call_id] = ev.result
+    assert not running, f"executions never ended: {running}"
+    assert started == [i for i in ids if i in started], "starts out of call order"
+    return executed
+
+
+def _check_results(
+    reader: _Reader, message: AssistantMessage, held: set[str],
+    executed: dict[str, ToolResultMessage], *, strict: bool,
+) -> list[ToolResultMessage]:
+    """One result message per call of ``message``, in call order, held calls excepted."""
+    results = []
+    for call in message.tool_calls:
+        if call.id in held:
+            continue  # held for approval: no result until a decision
+        start, done = reader.take(MessageStart), reader.take(MessageEnd)
+        result = done.message
+        assert start.message == result and isinstance(result, ToolResultMessage)
+        assert (result.tool_call_id, result.tool_name) == (call.id, call.name)
+        if call.id in executed:
+            assert executed[call.id] == result
+        elif strict:
+            assert result.synthesized == "aborted" and result.is_error
+        results.append(result)
+        reader.ended.append(result)
+    return results

@@ -46,7 +46,7 @@ so tests can assert what context the model saw.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -225,90 +225,118 @@ class ScriptedModel:
         self.requests.append(request)
         self.options.append(options)
         abort = options.abort if options is not None else None
-        content: list[AssistantContent] = []
-
-        def final(
-            stop: StopReason, usage: Usage | None = None, error: str | None = None
-        ) -> AssistantMessage:
-            return AssistantMessage(
-                content=tuple(content), model=self._info.id, provider=self._info.provider,
-                api="scripted", usage=usage or Usage(), stop_reason=stop, error_message=error,
-            )
-
+        replay = _Replay(self._info, turn_no, abort)
         if turn_no >= len(self._script):
             msg = f"ScriptedModel: script exhausted after {len(self._script)} turn(s)"
             yield StartEvent(model=self._info.id, provider=self._info.provider)
-            yield ErrorEvent(
-                final("error", error=msg),
-                ModelError(msg, provider=self._info.provider, model=self._info.id),
-            )
+            yield ErrorEvent(replay.final("error", error=msg), replay.error(msg))
             return
         item = self._script[turn_no]
         turn = item if isinstance(item, Turn) else item(request)
-
-        def check() -> None:
-            if abort is not None and abort.is_set():
-                raise _Aborted
-
-        pending = ""  # text of the block being streamed, kept if aborted mid-block
         yield StartEvent(model=self._info.id, provider=self._info.provider)
         try:
-            calls = 0
             for block in turn.blocks:
-                check()
-                index = len(content)
-                if isinstance(block, Text):
-                    yield TextStart(index)
-                    for chunk in block.chunks:
-                        check()
-                        pending += chunk
-                        yield TextDelta(index, chunk)
-                    check()
-                    part = TextPart(text=pending)
-                    content.append(part)
-                    pending = ""
-                    yield TextEnd(index, part.text)
-                elif isinstance(block, Thinking):
-                    yield ThinkingStart(index)
-                    text = ""
-                    for chunk in block.chunks:
-                        check()
-                        text += chunk
-                        yield ThinkingDelta(index, chunk)
-                    check()
-                    content.append(ThinkingPart(thinking=text, signature=block.signature,
-                                                provider=self._info.provider))
-                    yield ThinkingEnd(index, text, block.signature)
-                elif isinstance(block, Call):
-                    call_id = block.id or f"call_{turn_no}_{calls}"
-                    calls += 1
-                    yield ToolCallStart(index, call_id, block.name)
-                    raw = msgspec.json.encode(dict(block.arguments)).decode()
-                    step = max(1, -(-len(raw) // max(1, block.fragments)))
-                    for at in range(0, len(raw), step):
-                        check()
-                        yield ToolCallDelta(index, raw[at : at + step])
-                    check()
-                    tool_call = ToolCall(id=call_id, name=block.name,
-                                         arguments=msgspec.json.decode(raw))
-                    content.append(tool_call)
-                    yield ToolCallEnd(index, tool_call)
-                elif isinstance(block, Delay | Gate):
+                replay.check()
+                if isinstance(block, Delay | Gate):
                     if await _wait(block, abort):
                         raise _Aborted
-                else:
-                    error = block.error or ModelError(
-                        block.message, provider=self._info.provider, model=self._info.id
-                    )
-                    yield ErrorEvent(final("error", turn.usage, block.message), error)
+                elif isinstance(block, Fail):
+                    error = block.error or replay.error(block.message)
+                    yield ErrorEvent(replay.final("error", turn.usage, block.message), error)
                     return
-            check()
-            stop = turn.stop_reason or ("tool_use" if calls else "stop")
-            yield DoneEvent(final(stop, turn.usage))
+                else:
+                    for event in replay.block(block):
+                        yield event
+            replay.check()
+            stop = turn.stop_reason or ("tool_use" if replay.calls else "stop")
+            yield DoneEvent(replay.final(stop, turn.usage))
         except _Aborted:
-            if pending:
-                content.append(TextPart(text=pending))
-            yield ErrorEvent(final("aborted", turn.usage, "aborted"))
+            yield ErrorEvent(replay.aborted(turn.usage))
+
+
+class _Replay:
+    """One ``stream`` call under way: the content streamed so far and the abort checks.
+
+    The block streams check ``abort`` before each of their events but the
+    first, raising ``_Aborted``; what they finished is in ``content``.
+    """
+
+    def __init__(self, info: ModelInfo, turn_no: int, abort: asyncio.Event | None) -> None:
+        self.info = info
+        self.turn_no = turn_no
+        self.abort = abort
+        self.content: list[AssistantContent] = []
+        self.pending = ""  # text of the block being streamed, kept if aborted mid-block
+        self.calls = 0
+
+    def check(self) -> None:
+        if self.abort is not None and self.abort.is_set():
+            raise _Aborted
+
+    def final(
+        self, stop: StopReason, usage: Usage | None = None, error: str | None = None
+    ) -> AssistantMessage:
+        return AssistantMessage(
+            content=tuple(self.content), model=self.info.id, provider=self.info.provider,
+            api="scripted", usage=usage or Usage(), stop_reason=stop, error_message=error,
+        )
+
+    def aborted(self, usage: Usage) -> AssistantMessage:
+        """The final message of an aborted stream: the text streamed so far is kept."""
+        if self.pending:
+            self.content.append(TextPart(text=self.pending))
+        return self.final("aborted", usage, "aborted")
+
+    def error(self, message: str) -> ModelError:
+        return ModelError(message, provider=self.info.provider, model=self.info.id)
+
+    def block(self, block: Text | Thinking | Call) -> Iterator[StreamEvent]:
+        if isinstance(block, Text):
+            return self._text(block)
+        if isinstance(block, Thinking):
+            return self._thinking(block)
+        return self._call(block)
+
+    def _text(self, block: Text) -> Iterator[StreamEvent]:
+        index = len(self.content)
+        yield TextStart(index)
+        for chunk in block.chunks:
+            self.check()
+            self.pending += chunk
+            yield TextDelta(index, chunk)
+        self.check()
+        part = TextPart(text=self.pending)
+        self.content.append(part)
+        self.pending = ""
+        yield TextEnd(index, part.text)
+
+    def _thinking(self, block: Thinking) -> Iterator[StreamEvent]:
+        index = len(self.content)
+        yield ThinkingStart(index)
+        text = ""
+        for chunk in block.chunks:
+            self.check()
+            text += chunk
+            yield ThinkingDelta(index, chunk)
+        self.check()
+        self.content.append(ThinkingPart(thinking=text, signature=block.signature,
+                                         provider=self.info.provider))
+        yield ThinkingEnd(index, text, block.signature)
+
+    def _call(self, block: Call) -> Iterator[StreamEvent]:
+        index = len(self.content)
+        call_id = block.id or f"call_{self.turn_no}_{self.calls}"
+        self.calls += 1
+        yield ToolCallStart(index, call_id, block.name)
+        raw = msgspec.json.encode(dict(block.arguments)).decode()
+        step = max(1, -(-len(raw) // max(1, block.fragments)))
+        for at in range(0, len(raw), step):
+            self.check()
+            yield ToolCallDelta(index, raw[at : at + step])
+        self.check()
+        tool_call = ToolCall(id=call_id, name=block.name, arguments=msgspec.json.decode(raw))
+        self.content.append(tool_call)
+        yield ToolCallEnd(index, tool_call)
 
 
 async def _wait(block: Delay | Gate, abort: asyncio.Event | None) -> bool:

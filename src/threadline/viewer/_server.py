@@ -119,15 +119,36 @@ def create_app(
     """
     if poll_interval <= 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
+    viewer = _Viewer(store, poll_interval)
+    routes = [
+        Route("/", viewer.index, methods=["GET"]),
+        Route("/session", viewer.session, methods=["GET"]),
+        Route("/events", viewer.events, methods=["GET"]),
+        Route("/static/viewer.css", _stylesheet, methods=["GET"]),
+        Route("/static/viewer.js", _script, methods=["GET"]),
+    ]
+    middleware = [
+        Middleware(_SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
+    ]
+    return Starlette(routes=routes, middleware=middleware)
 
-    async def index(request: Request) -> Response:
+
+class _Viewer:
+    """The pages that read the store: the session list, one session, its live events."""
+
+    def __init__(self, store: Store, poll_interval: float) -> None:
+        self.store = store
+        self.poll_interval = poll_interval
+
+    async def index(self, request: Request) -> Response:
         query = request.query_params.get("q", "")
         cursor = request.query_params.get("cursor") or None
         try:
             limit = min(max(int(request.query_params.get("limit", PAGE_SIZE)), 1), MAX_PAGE)
         except ValueError:
             return _error("Bad request", "limit must be a whole number", 400)
-        lister = getattr(store, "list_sessions", None)
+        lister = getattr(self.store, "list_sessions", None)
         if lister is None:
             body = _html.list_body([], query=query, next_href=None, paged=False,
                                    can_list=False)
@@ -144,18 +165,18 @@ def create_app(
                                paged=cursor is not None, can_list=True)
         return _html_response(_html.page("threadline sessions", body, head=_head()))
 
-    async def session(request: Request) -> Response:
+    async def session(self, request: Request) -> Response:
         sid = request.query_params.get("id")
         if not sid:
             return _error("Bad request", "no session id given (?id=...)", 400)
         try:
-            entries = await store.load_entries(sid)
+            entries = await self.store.load_entries(sid)
         except SessionNotFound as exc:
             return _error("Session not found", str(exc), 404)
         except StoreError as exc:
             return _error("Cannot read session", str(exc), 500)
         tree = TreeIndex(entries, session_id=sid)
-        record, children = await lineage(store, sid)
+        record, children = await lineage(self.store, sid)
         last = entries[-1].id if entries else ""
         live = (f'<span id="live-state" data-session="{_html._e(sid)}" '
                 f'data-last="{_html._e(last)}">static</span>')
@@ -164,40 +185,29 @@ def create_app(
         doc = _html.page(f"session {sid}", body, head=_head(), live=live)
         return _html_response(doc)
 
-    async def events(request: Request) -> Response:
+    async def events(self, request: Request) -> Response:
         sid = request.query_params.get("id")
         if not sid:
             return Response("no session id given (?id=...)", 400, media_type="text/plain")
         resume = request.headers.get("last-event-id")
         after = unquote(resume) if resume else request.query_params.get("after") or None
         try:
-            entries = await store.load_entries(sid)
+            entries = await self.store.load_entries(sid)
         except SessionNotFound as exc:
             return Response(str(exc), 404, media_type="text/plain")
         except StoreError as exc:
             return Response(str(exc), 500, media_type="text/plain")
-        stream = _frames(_follow(store, sid, after, entries, poll_interval))
+        stream = _frames(_follow(self.store, sid, after, entries, self.poll_interval))
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"cache-control": "no-store"})
 
-    async def stylesheet(request: Request) -> Response:
-        return Response(_html.CSS, media_type="text/css; charset=utf-8")
 
-    async def script(request: Request) -> Response:
-        return Response(SCRIPT, media_type="text/javascript; charset=utf-8")
+async def _stylesheet(request: Request) -> Response:
+    return Response(_html.CSS, media_type="text/css; charset=utf-8")
 
-    routes = [
-        Route("/", index, methods=["GET"]),
-        Route("/session", session, methods=["GET"]),
-        Route("/events", events, methods=["GET"]),
-        Route("/static/viewer.css", stylesheet, methods=["GET"]),
-        Route("/static/viewer.js", script, methods=["GET"]),
-    ]
-    middleware = [
-        Middleware(_SecurityHeaders),
-        Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
-    ]
-    return Starlette(routes=routes, middleware=middleware)
+
+async def _script(request: Request) -> Response:
+    return Response(SCRIPT, media_type="text/javascript; charset=utf-8")
 
 
 async def _follow(
