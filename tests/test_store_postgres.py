@@ -96,11 +96,13 @@ async def test_processes_migrating_a_new_schema_at_once(pg_url: str, pg_schema: 
     assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.sessions") == [(4,)]
 
 
-def _append_chain(url: str, schema: str, sid: str, writer: int, count: int) -> list[str]:
+def _append_chain(url: str, schema: str, sid: str, writer: int, count: int, *,
+                  prepare_threshold: int | None = 5) -> list[str]:
     async def run() -> list[str]:
         acknowledged: list[str] = []
         parent = None
-        async with PostgresStore(url, schema=schema, max_size=1) as store:
+        async with PostgresStore(url, schema=schema, max_size=1,
+                                 prepare_threshold=prepare_threshold) as store:
             for n in range(count):
                 # Batches of 1-3 entries: a batch must stay contiguous.
                 batch = []
@@ -118,12 +120,21 @@ def _append_chain(url: str, schema: str, sid: str, writer: int, count: int) -> l
 async def test_s4_processes_appending_to_one_session_keep_one_order(
     pg_url: str, pg_schema: str
 ) -> None:
-    async with PostgresStore(pg_url, schema=pg_schema) as store:
+    await check_processes_keep_one_order(pg_url, pg_url, pg_schema)
+
+
+async def check_processes_keep_one_order(
+    url: str, pg_url: str, pg_schema: str, *, prepare_threshold: int | None = 5
+) -> None:
+    """Six processes append to one session through ``url``; ``pg_url`` checks."""
+    async with PostgresStore(url, schema=pg_schema, prepare_threshold=prepare_threshold) as store:
         await store.create_session(SessionRecord(id="hot"))
         loop = asyncio.get_running_loop()
         with ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
             chains = await asyncio.gather(*(
-                loop.run_in_executor(pool, _append_chain, pg_url, pg_schema, "hot", w, 40)
+                loop.run_in_executor(pool, functools.partial(
+                    _append_chain, url, pg_schema, "hot", w, 40,
+                    prepare_threshold=prepare_threshold))
                 for w in range(6)))
         loaded = await store.load_entries("hot")
         check_concurrent_log(loaded, chains)
