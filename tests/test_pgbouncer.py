@@ -25,17 +25,18 @@ from threadline.testing._conformance import StoreOpener
 
 class TestPostgresStoreThroughPgBouncer(StoreConformance):
     @pytest.fixture(autouse=True)
-    def _schema(self, pgbouncer_url: str, pg_schema: str) -> Iterator[None]:
-        self.url, self.pg_schema = pgbouncer_url, pg_schema
+    def _schema(self, pgbouncer_url: str, pg_schema: str, pg_url: str) -> Iterator[None]:
+        self.url, self.pg_schema, self.pg_url = pgbouncer_url, pg_schema, pg_url
         yield
 
     async def make_store(self, tmp_path: Path) -> Store:
+        # LISTEN needs a session connection: watchers listen on PostgreSQL itself.
         return PostgresStore(self.url, schema=self.pg_schema, max_size=4,
-                             prepare_threshold=None)
+                             prepare_threshold=None, listen_url=self.pg_url)
 
     def store_opener(self, tmp_path: Path) -> StoreOpener | None:
         return functools.partial(PostgresStore, self.url, schema=self.pg_schema,
-                                 max_size=2, prepare_threshold=None)
+                                 max_size=2, prepare_threshold=None, listen_url=self.pg_url)
 
 
 async def test_s4_processes_through_pgbouncer_keep_one_order(

@@ -34,6 +34,8 @@ from threadline.testing._conformance import check_concurrent_log
 
 
 class TestFileStore(StoreConformance):
+    recognises_retries = False  # it appends repeats; it has no lost acknowledgements
+
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions")
 
@@ -42,6 +44,8 @@ class TestFileStore(StoreConformance):
 
 
 class TestFileStoreFlush(StoreConformance):
+    recognises_retries = False
+
     async def make_store(self, tmp_path: Path) -> Store:
         return FileStore(tmp_path / "sessions", durability="flush")
 

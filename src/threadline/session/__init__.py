@@ -22,7 +22,7 @@ from threadline.session._entries import (
 from threadline.session._file import FileStore
 from threadline.session._ids import new_id
 from threadline.session._memory import MemoryStore
-from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store
+from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store, WatchableStore
 from threadline.session._tree import TreeIndex
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "TreeIndex",
+    "WatchableStore",
     "build_context",
     "custom_kinds",
     "decode_entry",

@@ -87,7 +87,7 @@ import secrets
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -113,6 +113,7 @@ from threadline.session._entries import (
 )
 from threadline.session._memory import check_session_id, page_records
 from threadline.session._store import EntryLog, SessionPage
+from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["FileStore", "session_file_name"]
 
@@ -617,6 +618,71 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+    # -- watch (S26) ------------------------------------------------------------
+
+    watch_interval: float = 0.05
+    """Seconds between two looks at a watched file that had nothing new."""
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow a session (S26) by polling its file every ``watch_interval`` seconds.
+
+        A watcher remembers the byte offset after the last complete line it
+        delivered; a line still being written (no newline yet) waits for the
+        next look. A torn tail that an append cuts off starts exactly at that
+        offset, so the line written in its place is read in full.
+        """
+        check_session_id(session_id)
+
+        async def start() -> _WatchPosition:
+            return await self._thread("watch", session_id, self._watch_start, session_id, after)
+
+        async def read(at: _WatchPosition) -> tuple[list[Entry], _WatchPosition]:
+            return await self._thread("watch", session_id, self._watch_read, session_id, at)
+
+        return follow(session_id, start, read, Wakeups(), self.watch_interval)
+
+    def _watch_start(self, session_id: str, after: str | None) -> _WatchPosition:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            self._read_record(fd, session_id, path)
+            offset = 0
+            while (newline := os.pread(fd, 1 << 16, offset).find(b"\n")) < 0:
+                offset += 1 << 16  # _read_record found a newline: this ends
+        finally:
+            os.close(fd)
+        at = _WatchPosition(offset + newline + 1, 2)
+        while after is not None:
+            entries, nxt = self._watch_read(session_id, at)
+            if not entries:
+                raise unknown_after(session_id, after, str(path))
+            for n, entry in enumerate(entries):
+                if entry.id == after:
+                    return self._watch_read(session_id, at, limit=n + 1)[1]
+            at = nxt
+        return at
+
+    def _watch_read(self, session_id: str, at: _WatchPosition,
+                    limit: int = 1000) -> tuple[list[Entry], _WatchPosition]:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, min(size - at.offset, 1 << 22), at.offset) if size > at.offset \
+                else b""
+        finally:
+            os.close(fd)
+        lines = data.split(b"\n")[:-1][:limit]  # the last piece has no newline yet
+        entries = [decode_entry(line, session_id=session_id, path=str(path), lineno=at.line + n)
+                   for n, line in enumerate(lines)]
+        used = sum(len(line) + 1 for line in lines)
+        return entries, _WatchPosition(at.offset + used, at.line + len(lines))
+
+
+class _WatchPosition(NamedTuple):
+    offset: int
+    """Byte offset just after the last line delivered."""
+    line: int
+    """Line number (1-based) of the next line, for error messages."""
 
 
 _STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()

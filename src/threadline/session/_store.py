@@ -18,7 +18,7 @@ The built-in stores add ``load_session``, ``list_sessions`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -26,7 +26,15 @@ import msgspec
 
 from threadline.session._entries import Entry, SessionRecord
 
-__all__ = ["EntryLog", "ManagedStore", "SessionPage", "Store", "decode_cursor", "encode_cursor"]
+__all__ = [
+    "EntryLog",
+    "ManagedStore",
+    "SessionPage",
+    "Store",
+    "WatchableStore",
+    "decode_cursor",
+    "encode_cursor",
+]
 
 
 class EntryLog(list[Entry]):
@@ -105,3 +113,22 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     except (ValueError, msgspec.DecodeError) as exc:
         raise ConfigError(f"not a list_sessions cursor: {cursor!r}") from exc
     return c.created_at, c.id
+
+
+@runtime_checkable
+class WatchableStore(Store, Protocol):
+    """A store that can follow a session as other tasks and processes append (S26).
+
+    Optional, like listing; every built-in store offers it.
+    """
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """The entries appended after entry ``after`` (None: from the first), then new ones.
+
+        Entries come in append order, each exactly once, and the iterator
+        waits for more until the caller stops iterating (``break`` or
+        ``aclose()``). To pick up after a disconnect, watch again with the id
+        of the last entry received. Raises ``SessionNotFound``, or
+        ``StoreError`` when ``after`` is not an entry of the session.
+        """
+        ...

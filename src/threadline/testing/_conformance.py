@@ -80,7 +80,7 @@ from threadline.session._entries import (
     register_custom,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import Store
+from threadline.session._store import Store, WatchableStore
 from threadline.session._tree import TreeIndex
 
 __all__ = [
@@ -276,6 +276,54 @@ def _process_append(opener: StoreOpener, session_id: str, writer: int, count: in
     return asyncio.run(run())
 
 
+async def _append_batches(store: Store, session_id: str, count: int) -> list[str]:
+    """Append ``count`` chained entries in batches of 1 to 5; the ids in append order."""
+    acknowledged: list[str] = []
+    parent: str | None = None
+    while len(acknowledged) < count:
+        entries: list[Entry] = []
+        for _ in range(min(1 + len(acknowledged) % 5, count - len(acknowledged))):
+            entry = _chain_entry(parent, 0, len(acknowledged) + len(entries))
+            parent = entry.id
+            entries.append(entry)
+        await store.append_entries(session_id, entries)
+        acknowledged.extend(e.id for e in entries)
+    return acknowledged
+
+
+def _process_append_batches(opener: StoreOpener, session_id: str, count: int) -> list[str]:
+    async def run() -> list[str]:
+        store = await _open(opener)
+        try:
+            return await _append_batches(store, session_id, count)
+        finally:
+            await _close(store)
+
+    return asyncio.run(run())
+
+
+async def _watch_ids(store: Store, session_id: str, count: int, after: str | None = None,
+                     stop_after: int | None = None) -> list[str]:
+    """Ids ``watch`` yields until ``count`` arrived (or ``stop_after``, then it disconnects)."""
+    assert isinstance(store, WatchableStore)
+    ids: list[str] = []
+    watch = store.watch(session_id, after)
+    try:
+        async for entry in watch:
+            ids.append(entry.id)
+            if len(ids) in (count, stop_after):
+                break
+    finally:
+        await _aclose(watch)
+    return ids
+
+
+async def _aclose(iterator: AsyncIterator[Entry]) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
 def _process_create(opener: StoreOpener, session_id: str) -> bool:
     async def run() -> bool:
         store = await _open(opener)
@@ -299,6 +347,13 @@ class StoreConformance:
 
     process_count: ClassVar[int] = 4
     process_appends: ClassVar[int] = 50
+
+    recognises_retries: ClassVar[bool] = True
+    """False for a store that appends a repeated batch again (the file store):
+    the S25 tests then skip."""
+
+    watch_appends: ClassVar[int] = 10_000
+    """Entries appended while three watchers follow (stores that can watch)."""
 
     async def make_store(self, tmp_path: Path) -> Store:
         raise NotImplementedError("subclasses of StoreConformance implement make_store")
@@ -658,3 +713,120 @@ class StoreConformance:
             ))
         check_concurrent_log(await store.load_entries(sid), chains)
         assert sum(winners) == 1, winners
+
+    # -- a retried batch is stored once (S25) ---------------------------------
+
+    def _needs_retry_recognition(self) -> None:
+        if not self.recognises_retries:
+            pytest.skip("this store appends a repeated batch again (recognises_retries=False)")
+
+    async def _stored_batch(
+        self, store: Store
+    ) -> tuple[str, list[MessageEntry], list[MessageEntry]]:
+        sid = await self.new_session(store)
+        before = [_chain_entry(None, 0, 0)]
+        await store.append_entries(sid, before)
+        batch = [_chain_entry(before[0].id, 0, 1)]
+        batch += [_chain_entry(batch[0].id, 0, 2), _chain_entry(None, 0, 3)]
+        await store.append_entries(sid, batch)
+        return sid, before, batch
+
+    async def test_s25_retried_batch_is_stored_once(self, store: Store) -> None:
+        self._needs_retry_recognition()
+        sid, before, batch = await self._stored_batch(store)
+        # The caller never heard back, so it sends the same batch again, maybe
+        # over another connection, maybe more than once.
+        await (await self.another_handle()).append_entries(sid, batch)
+        await store.append_entries(sid, batch)
+        await store.append_entries(sid, batch[1:])  # a tail of it is stored as well
+        assert_same_entries(await store.load_entries(sid), before + batch)
+
+    async def test_s25_same_ids_other_content_is_refused(self, store: Store) -> None:
+        self._needs_retry_recognition()
+        sid, before, batch = await self._stored_batch(store)
+        changed = msgspec.structs.replace(batch[1], message=UserMessage.of("not the same"))
+        conflicts = [
+            [batch[0], changed, batch[2]],                 # other bytes under a stored id
+            [*batch, _chain_entry(batch[2].id, 0, 4)],     # stored, plus one new entry
+            [batch[1], batch[0], batch[2]],                # stored ids in another order
+            [before[0], batch[1]],                         # stored, but not as one run
+        ]
+        for conflict in conflicts:
+            with pytest.raises(StoreError) as info:
+                await store.append_entries(sid, conflict)
+            assert info.value.session_id == sid and sid in str(info.value)
+            assert_same_entries(await store.load_entries(sid), before + batch)
+
+    # -- watch (S26) ----------------------------------------------------------
+
+    def _watchable(self, store: Store) -> WatchableStore:
+        if not isinstance(store, WatchableStore):
+            pytest.skip("this store offers no watch()")
+        return store
+
+    async def test_s26_watch_catches_up_then_follows(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        sid = await self.new_session(store)
+        first = [_chain_entry(None, 0, n) for n in range(3)]
+        await store.append_entries(sid, first)
+        watch = watchable.watch(sid)
+        got = [await anext(watch) for _ in range(3)]
+        later = [_chain_entry(first[-1].id, 1, n) for n in range(2)]
+        await (await self.another_handle()).append_entries(sid, later)
+        got += [await anext(watch) for _ in range(2)]
+        await _aclose(watch)
+        assert_same_entries(got, first + later)
+        # Resuming after an entry starts right behind it; after the last, with nothing.
+        assert await _watch_ids(store, sid, 3, after=first[1].id) == [
+            e.id for e in [first[2], *later]]
+        tail = watchable.watch(sid, after=later[-1].id)
+        pending = asyncio.ensure_future(anext(tail))
+        await asyncio.sleep(0)
+        assert not pending.done()
+        extra = _chain_entry(later[-1].id, 2, 0)
+        await store.append_entries(sid, [extra])
+        assert (await pending).id == extra.id
+        await _aclose(tail)
+
+    async def test_s26_watch_unknown_session_or_entry_is_an_error(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        with pytest.raises(SessionNotFound):
+            await anext(watchable.watch("conf-no-such-session"))
+        sid = await self.new_session(store)
+        await store.append_entries(sid, [_chain_entry(None, 0, 0)])
+        with pytest.raises(StoreError) as info:
+            await anext(watchable.watch(sid, after=new_id()))
+        assert info.value.session_id == sid and "no such entry" in str(info.value)
+
+    async def test_s26_three_watchers_see_every_append_once_in_order(
+        self, store: Store
+    ) -> None:
+        # One writer (another process when the store can be opened there)
+        # appends while three watchers follow; the third disconnects part way
+        # and resumes, on a new handle, after the last id it got.
+        self._watchable(store)
+        count = self.watch_appends
+        sid = await self.new_session(store)
+        resumed_handle = await self.another_handle()
+
+        async def resuming() -> list[str]:
+            ids = await _watch_ids(store, sid, count, stop_after=count // 3)
+            return ids + await _watch_ids(resumed_handle, sid, count - len(ids), after=ids[-1])
+
+        watchers = [asyncio.ensure_future(_watch_ids(store, sid, count)),
+                    asyncio.ensure_future(_watch_ids(await self.another_handle(), sid, count)),
+                    asyncio.ensure_future(resuming())]
+        opener = self.store_opener(self._tmp_path)
+        if opener is not None:
+            loop = asyncio.get_running_loop()
+            with self._process_pool(1) as pool:
+                appended = await loop.run_in_executor(
+                    pool, _process_append_batches, opener, sid, count)
+        else:
+            appended = await _append_batches(await self.another_handle(), sid, count)
+        # A watcher that skipped an entry would wait forever: give up, loudly.
+        done, _ = await asyncio.wait(watchers, timeout=120)
+        assert len(done) == 3, "a watcher did not receive every entry"
+        assert [e.id for e in await store.load_entries(sid)] == appended
+        for watcher in watchers:
+            assert watcher.result() == appended
