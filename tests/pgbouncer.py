@@ -130,6 +130,11 @@ class PgBouncer:
 class PrivateCluster:
     """A throwaway PostgreSQL cluster on a free port, with database ``test``."""
 
+    @staticmethod
+    def available() -> bool:
+        as_root = os.geteuid() == 0
+        return (PG_BIN / "initdb").exists() and (not as_root or shutil.which("runuser") is not None)
+
     def __init__(self) -> None:
         self.dir = _workdir("tl-pgcluster-")
         self.data = self.dir / "data"
