@@ -530,6 +530,8 @@ class PostgresStore:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     delay = 0.05
                     # Appends made while nobody listened: every watcher reads again.
+                    # (Notifications that arrive before the generator runs wait in
+                    # psycopg's backlog; none is lost.)
                     self._wakeups.ring()
                     async for note in conn.notifies():
                         self._wakeups.ring(note.payload)
