@@ -165,7 +165,14 @@ class PostgresStore:
     lock, on first use. ``prepare_threshold=None`` disables server-side
     prepared statements (PgBouncer transaction pooling). ``min_size``,
     ``max_size``, ``timeout`` (seconds to wait for a pooled connection) and
-    ``connect_timeout`` shape the pool the store creates.
+    ``connect_timeout`` shape the pool the store creates. ``listen_url`` is
+    where ``watch`` opens its ``LISTEN`` connection (default: the store's
+    URL); behind PgBouncer in transaction mode it must reach PostgreSQL
+    directly or through a session-mode pool.
+
+    A lost connection, a server that is down, or no pooled connection in
+    time raise ``StoreUnavailable``: the outcome of a write is unknown, and
+    retrying the same append is safe (S25, ``session/_idempotent.py``).
     """
 
     def __init__(
