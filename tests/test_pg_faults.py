@@ -289,3 +289,20 @@ async def test_s25_server_restarted_while_processes_append(cluster: PrivateClust
         # The parent's store came back by itself, too.
         (entry,) = await agent.append(UserMessage.of("still here"))
         assert (await store.load_entries("restarted"))[-1].id == entry.id
+
+
+async def test_s25_store_opened_while_the_server_is_down_works_once_it_is_up(
+    cluster: PrivateCluster,
+) -> None:
+    cluster.stop("fast")
+    store = PostgresStore(cluster.url, schema="tl_late", connect_timeout=1)
+    try:
+        for _ in range(2):  # each fails at once: nothing listens on the port
+            with pytest.raises(StoreUnavailable):
+                await durable.open(None, store=store, session_id="late")
+        await asyncio.to_thread(cluster.start)
+        agent = await durable.open(None, store=store, session_id="late")
+        (entry,) = await agent.append(UserMessage.of("the server is back"))
+        assert _stored_ids(cluster.url, "tl_late", "late") == [entry.id]
+    finally:
+        await store.close()

@@ -250,12 +250,12 @@ class PostgresStore:
             if self._ready:
                 return
             if self._owns_pool:
-                try:
-                    await self._pool.open(wait=True, timeout=self._connect_timeout)
-                except (PoolTimeout, psycopg.Error) as exc:
-                    await self._pool.close()
-                    raise StoreError(f"{self._where}: cannot connect within "
-                                     f"{self._connect_timeout:g}s: {exc}") from exc
+                # One direct connection first: with the server down it fails
+                # within connect_timeout and leaves the pool unopened, to be
+                # tried again by the next call. (A pool whose first wait times
+                # out closes itself for good.)
+                await self._probe("connecting", None)
+                await self._pool.open()
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
 
@@ -334,7 +334,8 @@ class PostgresStore:
                                    session_id=session_id) from exc
         await probe.close()
         self._down = False
-        await self._pool.check()  # drop the pooled connections that died
+        if not self._pool.closed:
+            await self._pool.check()  # drop the pooled connections that died
 
     async def _run(self, what: str, session_id: str | None,
                    fn: Callable[[Conn], Awaitable[T]]) -> T:
