@@ -669,6 +669,8 @@ class FileStore:
             size = os.fstat(fd).st_size
             data = os.pread(fd, min(size - at.offset, 1 << 22), at.offset) if size > at.offset \
                 else b""
+            if b"\n" not in data and at.offset + len(data) < size:
+                data = os.pread(fd, size - at.offset, at.offset)  # one line over 4 MiB
         finally:
             os.close(fd)
         lines = data.split(b"\n")[:-1][:limit]  # the last piece has no newline yet

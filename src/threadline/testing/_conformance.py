@@ -830,3 +830,14 @@ class StoreConformance:
         assert [e.id for e in await store.load_entries(sid)] == appended
         for watcher in watchers:
             assert watcher.result() == appended
+
+    async def test_s26_watch_delivers_entries_of_several_mebibytes(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        sid = await self.new_session(store)
+        big = MessageEntry(message=UserMessage.of("b" * (5 << 20)))
+        small = _chain_entry(big.id, 0, 1)
+        await store.append_entries(sid, [big, small])
+        watch = watchable.watch(sid)
+        got = [await anext(watch), await anext(watch)]
+        await _aclose(watch)
+        assert_same_entries(got, [big, small])
