@@ -33,6 +33,10 @@ Optional hooks:
   call to open the same storage; it may return the store or an awaitable of
   it. Return ``None`` (the default) to skip the multi-process tests.
 - ``process_count`` / ``process_appends``: the size of the multi-process test.
+- ``recognises_retries``: ``False`` for a store that appends a repeated batch
+  again instead of recognising a retry (S25); the S25 tests then skip.
+- ``watch_appends``: how many entries the S26 test appends while three
+  watchers follow (10,000). The S26 tests run when the store has ``watch``.
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
 ``delete_session``) are tested only when the store has them. To skip a test
