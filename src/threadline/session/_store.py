@@ -127,8 +127,10 @@ class WatchableStore(Store, Protocol):
 
         Entries come in append order, each exactly once, and the iterator
         waits for more until the caller stops iterating (``break`` or
-        ``aclose()``). To pick up after a disconnect, watch again with the id
-        of the last entry received. Raises ``SessionNotFound``, or
-        ``StoreError`` when ``after`` is not an entry of the session.
+        ``aclose()``). A store error ends the iteration (``StoreUnavailable``
+        while the server is down); to pick up after it or any disconnect,
+        watch again with the id of the last entry received. Raises
+        ``SessionNotFound``, or ``StoreError`` when ``after`` is not an entry
+        of the session.
         """
         ...
