@@ -174,17 +174,23 @@ async def test_s25_backends_terminated_at_random_points_lose_and_repeat_nothing(
         agent = await durable.open(None, store=store, session_id="terminated")
         acked: list[str] = []
         failures: list[BaseException] = []
-        appender = asyncio.ensure_future(_append_until(agent, 200, acked, failures))
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as killer:
-            while not appender.done():
-                await asyncio.sleep(rng.uniform(0.005, 0.06))
-                cur = await killer.execute(
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
-                    "FROM pg_stat_activity WHERE application_name = %s", (tag,))
-                row = await cur.fetchone()
-                kills += int(row[0]) if row else 0
-        await appender
-        assert kills >= 10  # the faults really happened, many times
+            # Rounds of 50 entries until there were enough kills: how many
+            # land in one round depends on the machine's load.
+            for _ in range(100):
+                if kills >= 20 and len(acked) >= 200:
+                    break
+                appender = asyncio.ensure_future(
+                    _append_until(agent, len(acked) + 50, acked, failures))
+                while not appender.done():
+                    await asyncio.sleep(rng.uniform(0.005, 0.06))
+                    cur = await killer.execute(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
+                        "FROM pg_stat_activity WHERE application_name = %s", (tag,))
+                    row = await cur.fetchone()
+                    kills += int(row[0]) if row else 0
+                await appender
+        assert kills >= 20  # the faults really happened, many times
         stored = _stored_ids(pg_url, pg_schema, "terminated")
         check_exactly_once(stored, acked)
         # The agent's own view is what it was told: the acknowledged entries.
