@@ -557,3 +557,17 @@ async def test_s8_a_retry_in_the_same_group_commit_as_its_original_succeeds(
     loaded = await FileStore(tmp_path).load_entries("s")
     assert [e.id for e in loaded[2:]] == [e.id for e in batch]
     assert_same_entries(loaded[2:], batch)
+
+
+async def test_a_reader_opened_with_create_false_lists_and_loads(tmp_path: Path) -> None:
+    # create=False only skips making the folder; the store still resolves its
+    # root, which listing and opening files go through.
+    writer = FileStore(tmp_path / "sessions")
+    await writer.create_session(SessionRecord(id="s"))
+    await writer.append_entries("s", [(entry := _msg("hello"))])
+    reader = FileStore(tmp_path / "sessions", create=False)
+    assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
+    assert [e.id for e in await reader.load_entries("s")] == [entry.id]
+    with pytest.raises(StoreError, match="does not exist"):
+        FileStore(tmp_path / "nowhere", create=False)
+    assert not (tmp_path / "nowhere").exists()

@@ -426,12 +426,13 @@ class FileStore:
         if not create:
             if not self.root.is_dir():
                 raise StoreError(f"no file store at {self.root}: the folder does not exist")
-            return
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
-        # Resolved once: session paths are this directory plus a name with no
+        else:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        # Resolved once (with create=False too: a reader lists and opens the
+        # same way): session paths are this directory plus a name with no
         # separator, opened with O_NOFOLLOW, so no path component after the
         # root can lead outside it.
         self._dir = Path(os.path.realpath(self.root))

@@ -1,4 +1,4 @@
-"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
+"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9; S25 and S26).
 
 Each test checks one rule of docs/writing-a-store.md (the Store contract);
 the page names the test for each rule.
