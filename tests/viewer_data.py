@@ -64,6 +64,9 @@ PAYLOADS = [
 ]
 HOSTILE = '"><svg onload=window.__pwned=1>'
 ALL = " ".join(PAYLOADS)
+# The most hostile text a session id may hold: the one session-id rule keeps
+# NUL out of ids and bounds them at 1,024 UTF-8 bytes; content keeps ALL.
+ALL_ID = ALL.replace("\x00", "")[:1000]
 
 
 async def build_chat(root: Path) -> None:
@@ -125,7 +128,7 @@ async def build_hostile(root: Path) -> None:
     """Every field a page shows holds payloads, including ids and kinds."""
     store = FileStore(root)
     try:
-        await store.create_session(SessionRecord(id=HOSTILE, parent_id=ALL))
+        await store.create_session(SessionRecord(id=HOSTILE, parent_id=ALL_ID))
         await store.create_session(SessionRecord(id=HOSTILE + " child", parent_id=HOSTILE))
         entries: list[Any] = [
             MessageEntry(id=_id(1), message=UserMessage(content=(
