@@ -769,6 +769,8 @@ class FileStore:
             return False
         if any(known.ids[i] == _UNPLACED for i in batch.ids):
             known.place(log.fd)
+            if any(known.ids[i] == _UNPLACED for i in batch.ids):
+                return False  # a line whose id no longer reads back is no stored copy
         start = known.ids[batch.ids[0]]
         line_start = 0
         for entry_id in batch.ids:  # one run in the batch's order
