@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
+
+from pgbouncer import PgBouncer
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -46,3 +50,30 @@ def pg_schema(pg_url: str) -> Iterator[str]:
     schema = f"tl_test_{secrets.token_hex(6)}"
     yield schema
     drop_schema(pg_url, schema)
+
+
+def require_or_skip(message: str) -> None:
+    """Skip a test whose service or binary is missing; under ``CI=true``, fail it."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_url: str) -> Iterator[PgBouncer]:
+    """A real PgBouncer (transaction pooling) in front of the test server."""
+    if shutil.which("pgbouncer") is None:
+        require_or_skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    parts = urlsplit(pg_url)
+    bouncer = PgBouncer(server_host=parts.hostname or "127.0.0.1",
+                        server_port=parts.port or 5432,
+                        dbname=parts.path.lstrip("/") or "test",
+                        user=parts.username or "postgres")
+    bouncer.start()
+    yield bouncer
+    bouncer.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(pgbouncer: PgBouncer) -> str:
+    return pgbouncer.url

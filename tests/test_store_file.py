@@ -29,7 +29,7 @@ from threadline.session._codec import encode_entries, encode_init
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
 from threadline.testing import StoreConformance, sample_entries
-from threadline.testing._conformance import check_concurrent_log
+from threadline.testing._conformance import assert_same_entries, check_concurrent_log
 
 
 def _files_of(store: object) -> FileStore:
@@ -528,7 +528,46 @@ async def test_s8_a_refused_call_in_a_group_commit_fails_alone(tmp_path: Path) -
     assert [type(r) for r in results] == [type(None)] * 3 + [StoreError] + [type(None)] * 3
     loaded = [e.id for e in await store.load_entries("s")]
     assert loaded[0] == first.id and sorted(loaded[1:]) == sorted(b[0].id for b in good)
-    # Another handle (another process, in effect) learns the ids from the file.
+    # Another handle (another process, in effect) learns the ids from the file:
+    # the same entry again is a retry and stores nothing; other bytes under
+    # its id are refused.
     other = FileStore(tmp_path)
+    await other.append_entries("s", [good[4][0]])
+    changed = msgspec.structs.replace(good[4][0], message=UserMessage.of("changed"))
     with pytest.raises(StoreError, match="repeats an entry id"):
-        await other.append_entries("s", [good[4][0]])
+        await other.append_entries("s", [changed])
+    assert [e.id for e in await other.load_entries("s")] == loaded
+
+
+async def test_s8_a_retry_in_the_same_group_commit_as_its_original_succeeds(
+    tmp_path: Path,
+) -> None:
+    # The retry's original is not on disk yet when the group is admitted: it
+    # is compared with the lines about to be written, not with the file.
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_msg("first")])
+    batch = [_msg("a"), _msg("b")]
+    changed = [batch[0], msgspec.structs.replace(batch[1], message=UserMessage.of("c"))]
+    results = await asyncio.gather(
+        store.append_entries("s", [_msg("x")]), store.append_entries("s", batch),
+        store.append_entries("s", batch), store.append_entries("s", batch[1:]),
+        store.append_entries("s", changed), return_exceptions=True)
+    assert [type(r) for r in results] == [type(None)] * 4 + [StoreError]
+    loaded = await FileStore(tmp_path).load_entries("s")
+    assert [e.id for e in loaded[2:]] == [e.id for e in batch]
+    assert_same_entries(loaded[2:], batch)
+
+
+async def test_a_reader_opened_with_create_false_lists_and_loads(tmp_path: Path) -> None:
+    # create=False only skips making the folder; the store still resolves its
+    # root, which listing and opening files go through.
+    writer = FileStore(tmp_path / "sessions")
+    await writer.create_session(SessionRecord(id="s"))
+    await writer.append_entries("s", [(entry := _msg("hello"))])
+    reader = FileStore(tmp_path / "sessions", create=False)
+    assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
+    assert [e.id for e in await reader.load_entries("s")] == [entry.id]
+    with pytest.raises(StoreError, match="does not exist"):
+        FileStore(tmp_path / "nowhere", create=False)
+    assert not (tmp_path / "nowhere").exists()

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
+from threadline.session._codec import encode_entry
 from threadline.session._postgres import MIGRATIONS
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener, check_concurrent_log
@@ -67,6 +68,54 @@ async def test_migrations_recorded_once_and_reopen_is_idempotent(
         assert [r.id for r in (await store.list_sessions()).sessions] == ["s2", "s1", "s0"]
 
 
+async def test_a_schema_at_version_2_migrates_to_3_and_keeps_its_sessions(
+    pg_url: str, pg_schema: str
+) -> None:
+    # A schema as the store before the NOTIFY trigger left it: versions 1 and 2
+    # (the list index), applied the way that runner did, splitting each script
+    # at every ";", with a session already in it.
+    old = [(v, script) for v, script in MIGRATIONS if v <= 2]
+    assert [v for v, _ in old] == [1, 2]
+    ident = psycopg.sql.Identifier(pg_schema)
+    first = _entry("written at version 2")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(psycopg.sql.SQL(
+            "CREATE TABLE {}.schema_migrations (version int PRIMARY KEY, "
+            "applied_at timestamptz NOT NULL DEFAULT now())").format(ident))
+        for version, script in old:
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(psycopg.sql.SQL(statement).format(s=ident))  # type: ignore[arg-type]
+            conn.execute(psycopg.sql.SQL(
+                "INSERT INTO {}.schema_migrations (version) VALUES (%s)").format(ident),
+                (version,))
+        conn.execute(psycopg.sql.SQL(
+            "INSERT INTO {}.sessions (session_id, created_at, next_seq) "
+            "VALUES ('old', now(), 1)").format(ident))
+        conn.execute(psycopg.sql.SQL(
+            "INSERT INTO {}.entries (session_id, seq, entry_id, type, data) "
+            "VALUES ('old', 1, %s, 'message', %s)").format(ident),
+            (first.id, encode_entry(first)))
+    async with PostgresStore(pg_url, schema=pg_schema) as store, \
+            PostgresStore(pg_url, schema=pg_schema) as other:
+        assert [e.id for e in await store.load_entries("old")] == [first.id]
+        versions = _rows(pg_url, f"SELECT version FROM {pg_schema}.schema_migrations "
+                                 f"ORDER BY version")
+        assert [v for (v,) in versions] == [1, 2, 3]
+        # Version 3's trigger wakes a watcher: with polling pushed out of the
+        # way, the entry can only arrive through NOTIFY.
+        store.watch_interval = 3600
+        watch = store.watch("old", after=first.id)
+        pending = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.2)
+        second = _entry("written at version 3", first.id)
+        await other.append_entries("old", [second])
+        assert (await asyncio.wait_for(pending, 30)).id == second.id
+        await watch.aclose()  # type: ignore[attr-defined]
+        assert [r.id for r in (await store.list_sessions()).sessions] == ["old"]
+
+
 async def test_stores_migrating_a_new_schema_at_once(pg_url: str, pg_schema: str) -> None:
     stores = [PostgresStore(pg_url, schema=pg_schema, max_size=1) for _ in range(8)]
     # Connect first, so the migrations themselves start together.
@@ -103,11 +152,13 @@ async def test_processes_migrating_a_new_schema_at_once(pg_url: str, pg_schema: 
     assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.sessions") == [(4,)]
 
 
-def _append_chain(url: str, schema: str, sid: str, writer: int, count: int) -> list[str]:
+def _append_chain(url: str, schema: str, sid: str, writer: int, count: int, *,
+                  prepare_threshold: int | None = 5) -> list[str]:
     async def run() -> list[str]:
         acknowledged: list[str] = []
         parent = None
-        async with PostgresStore(url, schema=schema, max_size=1) as store:
+        async with PostgresStore(url, schema=schema, max_size=1,
+                                 prepare_threshold=prepare_threshold) as store:
             for n in range(count):
                 # Batches of 1-3 entries: a batch must stay contiguous.
                 batch = []
@@ -125,12 +176,21 @@ def _append_chain(url: str, schema: str, sid: str, writer: int, count: int) -> l
 async def test_s4_processes_appending_to_one_session_keep_one_order(
     pg_url: str, pg_schema: str
 ) -> None:
-    async with PostgresStore(pg_url, schema=pg_schema) as store:
+    await check_processes_keep_one_order(pg_url, pg_url, pg_schema)
+
+
+async def check_processes_keep_one_order(
+    url: str, pg_url: str, pg_schema: str, *, prepare_threshold: int | None = 5
+) -> None:
+    """Six processes append to one session through ``url``; ``pg_url`` checks."""
+    async with PostgresStore(url, schema=pg_schema, prepare_threshold=prepare_threshold) as store:
         await store.create_session(SessionRecord(id="hot"))
         loop = asyncio.get_running_loop()
         with ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
             chains = await asyncio.gather(*(
-                loop.run_in_executor(pool, _append_chain, pg_url, pg_schema, "hot", w, 40)
+                loop.run_in_executor(pool, functools.partial(
+                    _append_chain, url, pg_schema, "hot", w, 40,
+                    prepare_threshold=prepare_threshold))
                 for w in range(6)))
         loaded = await store.load_entries("hot")
         check_concurrent_log(loaded, chains)

@@ -16,6 +16,7 @@ errors) are translated where they cross into threadline and chained with
     |   +-- CorruptLog               a stored line/row that cannot be decoded
     |   +-- DurabilityError          fsync/commit failed; the handle is poisoned
     |   +-- CopyConflict             copy_sessions found a different destination
+    |   +-- StoreUnavailable         connection lost or refused; retrying is safe
     +-- ModelError                   anything a LanguageModel reports
     |   +-- AuthenticationError
     |   +-- RateLimitError           .retry_after seconds when the provider says
@@ -50,6 +51,7 @@ __all__ = [
     "SessionExists",
     "SessionNotFound",
     "StoreError",
+    "StoreUnavailable",
     "SubprocessError",
     "ThreadlineError",
     "ToolError",
@@ -161,6 +163,15 @@ class DurabilityError(StoreError):
 
 class CopyConflict(StoreError):
     """``copy_sessions`` found a destination session whose content differs from the source."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's server could not be reached, or the connection died mid-call.
+
+    Whether a write in flight committed is unknown. Retrying the same call is
+    safe: a retried append is recognised as already stored (S25), a retried
+    ``create_session`` reports ``SessionExists``.
+    """
 
 
 class ModelError(ThreadlineError):

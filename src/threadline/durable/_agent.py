@@ -37,6 +37,7 @@ from threadline.durable._events import (
 )
 from threadline.durable._factory import Factory
 from threadline.durable._repair import orphaned_results
+from threadline.durable._retry import append_retrying
 from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
 from threadline.session._codec import rechain_opaque
 from threadline.session._context import build_context
@@ -49,7 +50,7 @@ from threadline.session._entries import (
     utcnow,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import Store
+from threadline.session._store import Store, WatchableStore
 from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
@@ -415,10 +416,10 @@ class DurableAgent:
         if not batch:
             return []
         if not shielded:
-            await self._store.append_entries(self._session_id, batch)
+            await append_retrying(self._store, self._session_id, batch)
             self._add(batch)
             return batch
-        write = asyncio.ensure_future(self._store.append_entries(self._session_id, batch))
+        write = asyncio.ensure_future(append_retrying(self._store, self._session_id, batch))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -518,6 +519,19 @@ class DurableAgent:
                 f"{type(first_error).__name__}: {first_error} (the change itself is stored)",
                 result,
             ) from first_error
+
+    def watch(self, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow this session as any agent, in any process, appends to it (S26).
+
+        The entries after entry ``after`` (None: from the first), then new
+        ones as they are stored; see ``WatchableStore.watch``. This agent's
+        own view (tree, leaf) does not change. Raises ``AgentError`` when the
+        store cannot watch.
+        """
+        if not isinstance(self._store, WatchableStore):
+            raise AgentError(f"session {self._session_id!r}: {type(self._store).__name__} "
+                             f"offers no watch(); use a store that does (every built-in one)")
+        return self._store.watch(self._session_id, after)
 
 
 # How far the loop may run ahead of a slow consumer. Everything queued is

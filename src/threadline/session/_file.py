@@ -31,11 +31,15 @@ Writes:
   line has no newline (a writer died mid-write), the fragment is copied to
   ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline; a
   copy that fails is removed again. A batch that repeats an entry id of the
-  file is refused (the ids come from a recent load on this store, or one
-  read of the file, plus the lines other writers added, read under the lock;
-  an open file keeps its ids in memory, about 90 bytes per entry). All
-  lines then go out in one ``os.write`` (short writes are continued), then
-  ``fdatasync``, then the lock is released.
+  file is refused, unless every one of its lines is in the file already,
+  byte for byte and in order: that is a retry of an append that was stored,
+  and it succeeds without writing (S8). The ids come from a recent load on
+  this store, or one read of the file, plus the lines other writers added,
+  read under the lock; an open file keeps its ids in memory, about 100
+  bytes per entry, with the offset of each line this store wrote. The
+  offsets of the other lines are found, with one more read, only when a
+  batch repeats an id. All lines then go out in one ``os.write`` (short
+  writes are continued), then ``fdatasync``, then the lock is released.
 - A failed fsync is never retried: the kernel may have dropped the dirty
   pages already, so a retry could report data as safe that is not. The store
   raises ``DurabilityError`` and refuses every later write on that object;
@@ -101,7 +105,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -134,6 +138,7 @@ from threadline.session._storekit import (
     page_sorted,
     sort_key,
 )
+from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["FileStore", "session_file_name"]
 
@@ -268,15 +273,21 @@ class _OpenLog(NamedTuple):
 class _KnownIds:
     """The entry ids in a session file up to ``size`` (a line boundary).
 
-    The duplicate-id rule needs them under the append lock. Reading them
+    The repeated-id rule needs them under the append lock. Reading them
     costs one pass over the file when the store opens it for appending;
     later appends read only the lines other writers added since.
+
+    Each id maps to the byte offset of its line, or ``_UNPLACED`` for ids
+    learned from a load or another writer's lines: finding offsets there
+    would cost a Python loop per line on every open, and they are only
+    needed to tell an acknowledged retry from a conflicting append (S8),
+    which is rare. ``place`` finds them then, with one read of the file.
     """
 
     __slots__ = ("ids", "size")
 
     def __init__(self) -> None:
-        self.ids: set[str] = set()
+        self.ids: dict[str, int] = {}
         self.size = 0
 
     def catch_up(self, fd: int, size: int) -> None:
@@ -290,8 +301,34 @@ class _KnownIds:
         end = data.rfind(b"\n") + 1
         start = data.find(b"\n") + 1 if self.size == 0 else 0  # line 1 is session_init
         if start < end:
-            self.ids.update(_ids_in(memoryview(data)[start:end]))
+            for entry_id in _ids_in(memoryview(data)[start:end]):
+                self.ids.setdefault(entry_id, _UNPLACED)  # the first line with an id wins
         self.size += end
+
+    def add(self, ids: Sequence[str], data: bytes, offset: int) -> None:
+        """Record a batch's ids, its lines ``data`` about to be written at ``offset``."""
+        if len(ids) == 1:
+            self.ids[ids[0]] = offset
+            return
+        start = 0
+        for entry_id in ids:
+            self.ids[entry_id] = offset + start
+            start = data.index(b"\n", start) + 1
+
+    def place(self, fd: int) -> None:
+        """Find the offset of every unplaced id's first line, reading the file once."""
+        data = os.pread(fd, self.size, 0)
+        pos = data.find(b"\n") + 1  # line 1 is session_init
+        while pos < len(data):
+            end = data.find(b"\n", pos) + 1 or len(data)
+            with contextlib.suppress(msgspec.DecodeError):
+                entry_id = _id_decoder.decode(data[pos:end]).id
+                if isinstance(entry_id, str) and self.ids.get(entry_id) == _UNPLACED:
+                    self.ids[entry_id] = pos
+            pos = end
+
+
+_UNPLACED = -1
 
 
 class _IdOnly(msgspec.Struct, gc=False):
@@ -394,7 +431,8 @@ class FileStore:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
-        # Resolved once: session paths are this directory plus a name with no
+        # Resolved once (with create=False too: a reader lists and opens the
+        # same way): session paths are this directory plus a name with no
         # separator, opened with O_NOFOLLOW, so no path component after the
         # root can lead outside it.
         self._dir = Path(os.path.realpath(self.root))
@@ -696,17 +734,54 @@ class FileStore:
 
     def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
                session_id: str) -> bytes:
-        """The lines of the batches that repeat no id; the ids become known."""
+        """The lines of the batches that repeat no id; the ids become known.
+
+        A batch whose lines are all stored already, byte for byte and in
+        order, is an acknowledged retry (S8): it is left out and succeeds.
+        Any other batch repeating a known id is left out and ``refused``.
+        """
         known = log.known
         known.catch_up(log.fd, size)
-        admitted = []
+        # The write goes at the last line boundary (_repair_tail cuts a torn
+        # tail back to it), so the admitted lines land at known.size onwards.
+        base = known.size
+        admitted: list[bytes] = []
+        pending = 0
         for batch in batches:
-            if known.ids.isdisjoint(batch.ids):
-                known.ids.update(batch.ids)
+            if known.ids.keys().isdisjoint(batch.ids):
+                known.add(batch.ids, batch.data, base + pending)
                 admitted.append(batch.data)
-            else:
-                batch.refused = _repeats(session_id, log.path, "already in the session")
+                pending += len(batch.data)
+            elif not self._stored_already(log, batch, base, admitted):
+                batch.refused = _repeats(session_id, log.path, "already in the session, and "
+                                         "the batch is not a retry of a stored append")
         return b"".join(admitted)
+
+    def _stored_already(self, log: _OpenLog, batch: _Batch, base: int,
+                        admitted: Sequence[bytes]) -> bool:
+        """Whether every line of ``batch`` is stored, the same bytes, in one run in order.
+
+        Lines at ``base`` or after are not written yet: they are ``admitted``
+        earlier in this group, and compared there.
+        """
+        known = log.known
+        if not all(i in known.ids for i in batch.ids):
+            return False
+        if any(known.ids[i] == _UNPLACED for i in batch.ids):
+            known.place(log.fd)
+            if any(known.ids[i] == _UNPLACED for i in batch.ids):
+                return False  # a line whose id no longer reads back is no stored copy
+        start = known.ids[batch.ids[0]]
+        line_start = 0
+        for entry_id in batch.ids:  # one run in the batch's order
+            if known.ids[entry_id] != start + line_start:
+                return False
+            line_start = batch.data.index(b"\n", line_start) + 1
+        end = start + len(batch.data)
+        stored = os.pread(log.fd, min(end, base) - start, start) if start < base else b""
+        if end > base:
+            stored += b"".join(admitted)[max(start, base) - base:end - base]
+        return stored == batch.data
 
     def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
                        session_id: str) -> int:
@@ -798,7 +873,7 @@ class FileStore:
                       entries: Sequence[Entry]) -> None:
         """Keep a load's ids, so that the next append need not read the file for them."""
         known = _KnownIds()
-        known.ids.update(e.id for e in entries)
+        known.ids = dict.fromkeys((e.id for e in entries), _UNPLACED)
         known.size = size
         with self._lock:
             self._loaded_ids.pop(session_id, None)
@@ -884,6 +959,73 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+    # -- watch (S26) ------------------------------------------------------------
+
+    watch_interval: float = 0.05
+    """Seconds between two looks at a watched file that had nothing new."""
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow a session (S26) by polling its file every ``watch_interval`` seconds.
+
+        A watcher remembers the byte offset after the last complete line it
+        delivered; a line still being written (no newline yet) waits for the
+        next look. A torn tail that an append cuts off starts exactly at that
+        offset, so the line written in its place is read in full.
+        """
+        check_session_id(session_id)
+
+        async def start() -> _WatchPosition:
+            return await self._thread("watch", session_id, self._watch_start, session_id, after)
+
+        async def read(at: _WatchPosition) -> tuple[list[Entry], _WatchPosition]:
+            return await self._thread("watch", session_id, self._watch_read, session_id, at)
+
+        return follow(session_id, start, read, Wakeups(), self.watch_interval)
+
+    def _watch_start(self, session_id: str, after: str | None) -> _WatchPosition:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            self._read_record(fd, session_id, path)
+            offset = 0
+            while (newline := os.pread(fd, 1 << 16, offset).find(b"\n")) < 0:
+                offset += 1 << 16  # _read_record found a newline: this ends
+        finally:
+            os.close(fd)
+        at = _WatchPosition(offset + newline + 1, 2)
+        while after is not None:
+            entries, nxt = self._watch_read(session_id, at)
+            if not entries:
+                raise unknown_after(session_id, after, str(path))
+            for n, entry in enumerate(entries):
+                if entry.id == after:
+                    return self._watch_read(session_id, at, limit=n + 1)[1]
+            at = nxt
+        return at
+
+    def _watch_read(self, session_id: str, at: _WatchPosition,
+                    limit: int = 1000) -> tuple[list[Entry], _WatchPosition]:
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, min(size - at.offset, 1 << 22), at.offset) if size > at.offset \
+                else b""
+            if b"\n" not in data and at.offset + len(data) < size:
+                data = os.pread(fd, size - at.offset, at.offset)  # one line over 4 MiB
+        finally:
+            os.close(fd)
+        lines = data.split(b"\n")[:-1][:limit]  # the last piece has no newline yet
+        entries = [decode_entry(line, session_id=session_id, path=str(path), lineno=at.line + n)
+                   for n, line in enumerate(lines)]
+        used = sum(len(line) + 1 for line in lines)
+        return entries, _WatchPosition(at.offset + used, at.line + len(lines))
+
+
+class _WatchPosition(NamedTuple):
+    offset: int
+    """Byte offset just after the last line delivered."""
+    line: int
+    """Line number (1-based) of the next line, for error messages."""
 
 
 # How long after a change to a directory (or file) its timestamps may still

@@ -13,13 +13,19 @@ tasks and threads. No method awaits while holding it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from threadline.errors import SessionExists, SessionNotFound, StoreError
+from threadline.errors import SessionExists, SessionNotFound
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
 from threadline.session._store import EntryLog, SessionPage
-from threadline.session._storekit import check_record, check_session_id, page_records
+from threadline.session._storekit import (
+    check_record,
+    check_retried_batch,
+    check_session_id,
+    page_records,
+)
+from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["MemoryStore"]
 
@@ -31,7 +37,8 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._records: dict[str, SessionRecord] = {}
         self._logs: dict[str, list[bytes]] = {}
-        self._ids: dict[str, set[str]] = {}
+        self._ids: dict[str, dict[str, int]] = {}
+        self._wakeups = Wakeups()
 
     async def create_session(self, record: SessionRecord) -> None:
         check_record(record)
@@ -40,7 +47,7 @@ class MemoryStore:
                 raise SessionExists(record.id, "memory store")
             self._records[record.id] = record
             self._logs[record.id] = []
-            self._ids[record.id] = set()
+            self._ids[record.id] = {}
 
     async def load_entries(self, session_id: str) -> EntryLog:
         check_session_id(session_id)
@@ -62,12 +69,15 @@ class MemoryStore:
             if log is None:
                 raise SessionNotFound(session_id, "memory store")
             ids = self._ids[session_id]
-            if len(new_ids) < len(entries) or not ids.isdisjoint(new_ids):
-                raise StoreError(
-                    f"memory store: append to session {session_id!r} repeats an entry id "
-                    f"already in the session; nothing was appended", session_id=session_id)
+            if len(new_ids) < len(entries) or not ids.keys().isdisjoint(new_ids):
+                stored = {i: (ids[i], log[ids[i]]) for i in new_ids if i in ids}
+                check_retried_batch(session_id, [(e.id, line) for e, line in
+                                                 zip(entries, lines, strict=True)],
+                                    stored, "memory store")
+                return  # S25: this exact batch is already stored
+            ids.update((entry.id, len(log) + n) for n, entry in enumerate(entries))
             log.extend(lines)
-            ids |= new_ids
+        self._wakeups.ring(session_id)
 
     async def load_session(self, session_id: str) -> SessionRecord:
         check_session_id(session_id)
@@ -92,3 +102,29 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Nothing to release; the data stays readable until the object is dropped."""
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow a session (S26); appends in this process wake watchers at once."""
+
+        async def start() -> int:
+            with self._lock:
+                ids = self._ids.get(session_id)
+                if ids is None:
+                    raise SessionNotFound(session_id, "memory store")
+                if after is None:
+                    return 0
+                if after not in ids:
+                    raise unknown_after(session_id, after, "memory store")
+                return ids[after] + 1
+
+        async def read(position: int) -> tuple[list[Entry], int]:
+            with self._lock:
+                log = self._logs.get(session_id)
+                if log is None:
+                    raise SessionNotFound(session_id, "memory store")
+                lines = log[position:]
+            return ([decode_entry(line, session_id=session_id) for line in lines],
+                    position + len(lines))
+
+        return follow(session_id, start, read, self._wakeups, None)
+

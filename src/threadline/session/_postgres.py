@@ -29,8 +29,10 @@ server-side prepared statement outlives a transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -40,6 +42,7 @@ from threadline.errors import (
     SessionExists,
     SessionNotFound,
     StoreError,
+    StoreUnavailable,
     missing_extra,
 )
 from threadline.session._codec import encode_entry
@@ -49,11 +52,13 @@ from threadline.session._storekit import (
     aware,
     check_limit,
     check_record,
+    check_retried_batch,
     check_session_id,
     decode_rows,
     entry_type,
     page_fetched,
 )
+from threadline.session._watch import Wakeups, follow, unknown_after
 
 try:
     import psycopg
@@ -63,6 +68,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise missing_extra("postgres", "PostgresStore", exc) from exc
 
 __all__ = ["PostgresStore"]
+
+log = logging.getLogger("threadline.session")
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
@@ -102,6 +109,19 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX sessions_newest ON {s}.sessions (created_at DESC, session_id DESC);
         """,
     ),
+    (
+        3,
+        # S26: every committed append tells listeners which session grew (an
+        # md5, so any session id fits a NOTIFY payload). The runner splits a
+        # script at a semicolon that ends a line, so the function body, whose
+        # semicolons do not, stays on one line and reaches the server whole.
+        """
+        CREATE FUNCTION {s}.notify_append() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('threadline_' || left(md5(TG_TABLE_SCHEMA), 16), md5(n.session_id)) FROM (SELECT DISTINCT session_id FROM new_entries) AS n; RETURN NULL; END $$;
+        CREATE TRIGGER entries_notify AFTER INSERT ON {s}.entries
+            REFERENCING NEW TABLE AS new_entries
+            FOR EACH STATEMENT EXECUTE FUNCTION {s}.notify_append();
+        """,  # noqa: E501
+    ),
 )
 
 _Q = {
@@ -128,7 +148,18 @@ _Q = {
     # second statement's fresh snapshot then sees every entry that append wrote.
     "delete_session": "DELETE FROM {s}.sessions WHERE session_id = %s",
     "delete_entries": "DELETE FROM {s}.entries WHERE session_id = %s",
+    "watch_start": "SELECT (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s), "
+                   "(SELECT seq FROM {s}.entries WHERE session_id = %(sid)s "
+                   "AND entry_id = %(after)s)",
+    "watch_read": "SELECT seq, data FROM {s}.entries WHERE session_id = %s AND seq > %s "
+                  "ORDER BY seq LIMIT 1000",
+    "stored_batch": "SELECT entry_id, seq, data FROM {s}.entries "
+                    "WHERE session_id = %s AND entry_id = ANY(%s::text[])",
 }
+
+
+class _Repeated(Exception):
+    """An append met an id already stored: check whether it is a retry (S25)."""
 
 
 def redact(url: str) -> str:
@@ -158,6 +189,15 @@ class PostgresStore:
     password fails at once with the server's own reason instead of pool retries.
     With ``create=False`` a schema that does not exist is a ``StoreError``
     rather than being created.
+
+    ``listen_url`` is where ``watch`` opens its ``LISTEN`` connection
+    (default: the store's URL); behind PgBouncer in transaction mode it must
+    reach PostgreSQL directly or through a session-mode pool.
+
+    A lost connection, a server that is down, or no pooled connection in
+    time raise ``StoreUnavailable``: the outcome of a write is unknown, and
+    retrying the same append is safe (S25, ``check_retried_batch`` in
+    ``session/_storekit.py``).
     """
 
     def __init__(
@@ -171,6 +211,7 @@ class PostgresStore:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         create: bool = True,
+        listen_url: str | None = None,
     ) -> None:
         if not isinstance(schema, str) or not schema or "\x00" in schema:
             raise ConfigError(f"PostgresStore schema must be a non-empty name, got {schema!r}")
@@ -180,7 +221,6 @@ class PostgresStore:
         self.schema = schema
         self._connect_timeout = connect_timeout
         self._create = create
-        self._url = url_or_pool if isinstance(url_or_pool, str) else None
         if isinstance(url_or_pool, AsyncConnectionPool):
             self._pool: AsyncConnectionPool[Any] = url_or_pool
             self._owns_pool = False
@@ -202,6 +242,13 @@ class PostgresStore:
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
         self._closed = False
+        self._down = False
+        """A connection failed: probe the server before trusting the pool again."""
+        conninfo = url_or_pool if isinstance(url_or_pool, str) else self._pool.conninfo
+        self._listen_url = listen_url or (conninfo if isinstance(conninfo, str) else None)
+        self._channel = "threadline_" + hashlib.md5(schema.encode()).hexdigest()[:16]
+        self._wakeups = Wakeups()
+        self._listener: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
@@ -229,37 +276,15 @@ class PostgresStore:
         async with self._ready_lock:
             if self._ready:
                 return
-            if self._url is not None:
-                await self._probe(self._url, session_id)
-                try:
-                    await self._pool.open(wait=True, timeout=self._connect_timeout)
-                except (PoolTimeout, psycopg.Error) as exc:
-                    await self._pool.close()
-                    raise StoreError(f"{self._where}: cannot connect within "
-                                     f"{self._connect_timeout:g}s: {exc}",
-                                     session_id=session_id) from exc
+            if self._owns_pool:
+                # One direct connection first: with the server down it fails
+                # within connect_timeout with the server's own reason and
+                # leaves the pool unopened, to be tried again by the next call.
+                # (A pool whose first wait times out closes itself for good.)
+                await self._probe("connecting", session_id, check_schema=not self._create)
+                await self._pool.open()
             await self._with_conn("migrating the schema", None, self._migrate)
             self._ready = True
-
-    async def _probe(self, url: str, session_id: str | None) -> None:
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
-        except psycopg.Error as exc:
-            # libpq repeats the reason once per address it tried; the first line says it.
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise StoreError(f"{self._where}: cannot connect: {reason}",
-                             session_id=session_id) from exc
-        async with conn:
-            if self._create:
-                return
-            cur = await conn.execute("SELECT to_regclass(%s)",
-                                     (sql.Identifier(self.schema, "sessions").as_string(None),))
-            row = await cur.fetchone()
-            if row is None or row[0] is None:
-                raise StoreError(f"no threadline store in {self._where}: "
-                                 f"the schema or its tables do not exist",
-                                 session_id=session_id)
 
     async def _migrate(self, conn: Conn) -> None:
         ident = sql.Identifier(self.schema)
@@ -280,7 +305,7 @@ class PostgresStore:
             current = int(row[0]) if row else 0
             for version, script in MIGRATIONS:
                 if version > current:
-                    for stmt in script.split(";"):
+                    for stmt in script.split(";\n"):
                         if stmt.strip():
                             await conn.execute(sql.SQL(stmt).format(s=ident))
                     await conn.execute(sql.SQL(
@@ -291,6 +316,8 @@ class PostgresStore:
                          fn: Callable[[Conn], Awaitable[T]]) -> T:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed", session_id=session_id)
+        if self._down:
+            await self._probe(what, session_id)
         try:
             async with self._pool.connection() as conn:
                 if conn.autocommit:
@@ -300,12 +327,57 @@ class PostgresStore:
                 async with conn.transaction():
                     return await fn(conn)
         except PoolTimeout as exc:
-            raise StoreError(f"{self._where}: no connection for {what} within the pool "
-                             f"timeout: {exc}", session_id=session_id) from exc
+            raise StoreUnavailable(f"{self._where}: no connection for {what} within the pool "
+                                   f"timeout: {exc}", session_id=session_id) from exc
+        except psycopg.OperationalError as exc:
+            # A lost connection (sqlstate None, class 08, or the server shutting
+            # down) may hide more dead ones in the pool.
+            if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P")):
+                self._down = True
+            sess = f" (session {session_id!r})" if session_id else ""
+            raise StoreUnavailable(f"{self._where}: {what}{sess} failed; the outcome of a "
+                                   f"write is unknown, retrying is safe: "
+                                   f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
         except psycopg.Error as exc:
             sess = f" (session {session_id!r})" if session_id else ""
             raise StoreError(f"{self._where}: {what}{sess} failed: "
                              f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
+
+    async def _probe(self, what: str, session_id: str | None, *,
+                     check_schema: bool = False) -> None:
+        """Fail fast while the server is down; once it answers, renew the pool.
+
+        The pool would wait its whole ``timeout`` for a connection it cannot
+        make; one direct connection attempt fails within ``connect_timeout``
+        and says why (wrong host, database or password). ``check_schema``
+        (``create=False``) also requires the store's tables to exist.
+        """
+        conninfo, kwargs = self._pool.conninfo, self._pool.kwargs or {}
+        if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
+            self._down = False  # computed per connection: only the pool can try
+            return
+        kwargs = {**kwargs, "autocommit": True,
+                  "connect_timeout": max(1, round(self._connect_timeout))}
+        try:
+            probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+        except psycopg.Error as exc:
+            # libpq repeats the reason once per address it tried; the first line says it.
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise StoreUnavailable(f"{self._where}: {what}: cannot connect: {reason}",
+                                   session_id=session_id) from exc
+        async with probe:
+            if check_schema:
+                cur = await probe.execute(
+                    "SELECT to_regclass(%s)",
+                    (sql.Identifier(self.schema, "sessions").as_string(None),))
+                row = await cur.fetchone()
+                if row is None or row[0] is None:
+                    raise StoreError(f"no threadline store in {self._where}: "
+                                     f"the schema or its tables do not exist",
+                                     session_id=session_id)
+        self._down = False
+        if not self._pool.closed:
+            await self._pool.check()  # drop the pooled connections that died
 
     async def _run(self, what: str, session_id: str | None,
                    fn: Callable[[Conn], Awaitable[T]]) -> T:
@@ -345,23 +417,34 @@ class PostgresStore:
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
+        ids, datas = [e.id for e in entries], [encode_entry(e) for e in entries]
         params = {
-            "sid": sid, "n": len(entries),
-            "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
-            "types": [entry_type(e) for e in entries],
-            "datas": [encode_entry(e) for e in entries],
+            "sid": sid, "n": len(entries), "ids": ids,
+            "parents": [e.parent_id for e in entries],
+            "types": [entry_type(e) for e in entries], "datas": datas,
         }
 
         async def op(conn: Conn) -> int:
             try:
                 cur = await conn.execute(self._q["append"], params)
             except psycopg.errors.UniqueViolation as exc:
-                raise StoreError(f"{self._where}: append to session {sid!r} repeats an entry "
-                                 f"id already in the session: {exc}", session_id=sid) from exc
+                raise _Repeated() from exc
             return cur.rowcount
 
-        if await self._run("append_entries", sid, op) == 0:
-            raise SessionNotFound(sid, self._where)
+        try:
+            if await self._run("append_entries", sid, op) == 0:
+                raise SessionNotFound(sid, self._where)
+        except _Repeated:
+            await self._check_retried(sid, ids, datas)
+
+    async def _check_retried(self, sid: str, ids: list[str], datas: list[bytes]) -> None:
+        async def op(conn: Conn) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(self._q["stored_batch"], (sid, ids), binary=True)
+            return await cur.fetchall()
+
+        rows = await self._run("append_entries (checking stored ids)", sid, op)
+        check_retried_batch(sid, list(zip(ids, datas, strict=True)),
+                            {i: (seq, bytes(data)) for i, seq, data in rows}, self._where)
 
     # -- beyond the contract ----------------------------------------------------
 
@@ -409,5 +492,79 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
         if self._owns_pool:
             await self._pool.close()
+
+    watch_interval: float = 1.0
+    """Seconds between reads of a watched session when no notification came.
+
+    Notifications make delivery prompt; this read is the safety net for the
+    moments the listening connection is down (and the only source of news
+    when there is no ``listen_url``)."""
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow a session (S26): ``LISTEN`` for appends, then read ``seq > last``.
+
+        A trigger NOTIFYs at each committed append. The listening connection
+        is the store's own, opened on ``listen_url`` (default: the store's
+        URL). It must be a session connection: behind PgBouncer in
+        transaction mode, point ``listen_url`` at PostgreSQL itself or at a
+        session-mode pool (docs/scaling.md). Reads go through the pool.
+        """
+        sid = check_session_id(session_id)
+
+        async def start() -> int:
+            if self._listen_url is not None and (self._listener is None
+                                                 or self._listener.done()):
+                self._listener = asyncio.create_task(self._listen(self._listen_url))
+
+            async def op(conn: Conn) -> tuple[Any, ...] | None:
+                cur = await conn.execute(self._q["watch_start"], {"sid": sid, "after": after})
+                return await cur.fetchone()
+
+            row = await self._run("watch", sid, op)
+            if row is None or row[0] is None:
+                raise SessionNotFound(sid, self._where)
+            if after is None:
+                return 0
+            if row[1] is None:
+                raise unknown_after(sid, after, self._where)
+            return int(row[1])
+
+        async def read(position: int) -> tuple[list[Entry], int]:
+            async def op(conn: Conn) -> list[tuple[Any, ...]]:
+                cur = await conn.execute(self._q["watch_read"], (sid, position), binary=True)
+                return await cur.fetchall()
+
+            rows = await self._run("watch", sid, op)
+            return (decode_rows(rows, sid, self._where + ","),
+                    int(rows[-1][0]) if rows else position)
+
+        key = hashlib.md5(sid.encode()).hexdigest()
+        return follow(key, start, read, self._wakeups, self.watch_interval)
+
+    async def _listen(self, url: str) -> None:
+        """Hold a ``LISTEN`` connection while the store lives; reconnect when it drops."""
+        delay = 0.05
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    delay = 0.05
+                    # Appends made while nobody listened: every watcher reads again.
+                    # (Notifications that arrive before the generator runs wait in
+                    # psycopg's backlog; none is lost.)
+                    self._wakeups.ring()
+                    async for note in conn.notifies():
+                        self._wakeups.ring(note.payload)
+            except psycopg.Error as exc:
+                log.debug("%s: LISTEN connection lost, reconnecting: %s", self._where, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+

@@ -35,7 +35,7 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +54,7 @@ from threadline.session._store import EntryLog, SessionPage, decode_cursor
 from threadline.session._storekit import (
     check_limit,
     check_record,
+    check_retried_batch,
     check_session_id,
     decode_rows,
     entry_type,
@@ -61,6 +62,7 @@ from threadline.session._storekit import (
     page_fetched,
     to_micros,
 )
+from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["SQLiteStore"]
 
@@ -140,6 +142,7 @@ class SQLiteStore:
         self._poisoned: BaseException | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="threadline-sqlite")
+        self._wakeups = Wakeups()
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
@@ -326,14 +329,24 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> None:
             try:
                 self._write(conn, lambda: body(conn))
-            except sqlite3.IntegrityError as exc:
-                raise StoreError(f"{self.path}: append to session {sid!r} repeats an entry id "
-                                 f"already in the session: {exc}", session_id=sid) from exc
+                return
+            except sqlite3.IntegrityError:
+                pass  # an id already stored: a retry of a stored append, or a conflict
             except sqlite3.Error as exc:
                 raise self._translate(exc, "append_entries", sid, writing=True) from exc
+            marks = ",".join("?" * len(rows))
+            try:
+                stored = self._retry_busy(lambda: conn.execute(
+                    f"SELECT id, seq, data FROM entries WHERE session_id = ? "
+                    f"AND id IN ({marks})", (sid, *(r[0] for r in rows))).fetchall())
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "append_entries", sid) from exc
+            check_retried_batch(sid, [(r[0], r[3]) for r in rows],
+                                {i: (seq, data) for i, seq, data in stored}, str(self.path))
 
         if rows:
             await self._call(op)
+            self._wakeups.ring(sid)
         else:
             await self.load_session(sid)  # an empty append still requires the session
 
@@ -409,3 +422,44 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
+
+    watch_interval: float = 0.05
+    """Seconds between two reads of a watched session that had nothing new."""
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """Follow a session (S26) by polling every ``watch_interval`` seconds.
+
+        SQLite has no notification between processes, so a watcher reads
+        ``seq > last`` again; the read is one index range scan.
+        """
+        sid = check_session_id(session_id)
+
+        def start(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT (SELECT 1 FROM sessions WHERE id = ?), "
+                "(SELECT seq FROM entries WHERE session_id = ? AND id = ?)",
+                (sid, sid, after)).fetchone()
+            if row[0] is None:
+                raise SessionNotFound(sid, self.path)
+            if after is None:
+                return 0
+            if row[1] is None:
+                raise unknown_after(sid, after, self.path)
+            return int(row[1])
+
+        def read(conn: sqlite3.Connection, position: int) -> tuple[list[Entry], int]:
+            rows = self._retry_busy(lambda: conn.execute(
+                "SELECT seq, data FROM entries WHERE session_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT 1000", (sid, position)).fetchall())
+            return decode_rows(rows, sid, self.path), (rows[-1][0] if rows else position)
+
+        async def call(fn: Callable[[sqlite3.Connection], T]) -> T:
+            try:
+                return await self._call(fn)
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "watch", sid) from exc
+
+        return follow(sid, lambda: call(start),
+                      lambda position: call(lambda conn: read(conn, position)),
+                      self._wakeups, self.watch_interval)
+

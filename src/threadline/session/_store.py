@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -14,7 +14,15 @@ import msgspec
 from threadline.errors import ConfigError, CorruptLog
 from threadline.session._entries import Entry, SessionRecord
 
-__all__ = ["CatalogStore", "EntryLog", "SessionPage", "Store", "decode_cursor", "encode_cursor"]
+__all__ = [
+    "CatalogStore",
+    "EntryLog",
+    "SessionPage",
+    "Store",
+    "WatchableStore",
+    "decode_cursor",
+    "encode_cursor",
+]
 
 
 class EntryLog(list[Entry]):
@@ -56,10 +64,13 @@ class Store(Protocol):
     when it returns every entry is durable; when it raises none was stored,
     and no reader on any handle ever sees part of a batch. An empty batch
     still requires the session (``SessionNotFound``). Entry ids are unique
-    in a session: a batch that repeats an id already stored, or repeats one
-    within itself, is refused whole with ``StoreError`` and nothing is
-    appended, so retrying an append whose outcome is unknown never stores
-    it twice. A store does not check that an entry's parent exists (the
+    in a session, under one rule: a batch whose entries are all already
+    stored, byte for byte and in the same order, is an acknowledged retry,
+    so the call succeeds and stores nothing; any other batch that repeats a
+    stored entry id (or holds one twice) is refused whole with
+    ``StoreError`` (or a subclass) and nothing is stored. So
+    retrying an append whose outcome is unknown stores it exactly once
+    (S25). A store does not check that an entry's parent exists (the
     tree index treats such an entry as a root); it stores what it is given
     and loads it back byte for byte.
 
@@ -73,8 +84,9 @@ class Store(Protocol):
     when the call returns; a network store has it committed by the server,
     so it survives the client's crash and the server's restart. When the
     connection is lost after the commit was sent, the outcome is unknown:
-    the store raises ``StoreError`` and the caller reloads (or retries,
-    which the duplicate-id rule makes safe). After a ``DurabilityError`` a
+    the store raises ``StoreError`` (the built-in ones ``StoreUnavailable``)
+    and the caller reloads, or sends the same batch again, which the
+    repeated-id rule makes safe. After a ``DurabilityError`` a
     handle refuses every later create, append and delete.
 
     ``close()``, when a store has it, may be called more than once; after
@@ -158,3 +170,24 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     except (ValueError, msgspec.DecodeError) as exc:
         raise ConfigError(f"not a list_sessions cursor: {cursor[:80]!r}") from exc
     return c.created_at, c.id
+
+
+@runtime_checkable
+class WatchableStore(Store, Protocol):
+    """A store that can follow a session as other tasks and processes append (S26).
+
+    Optional, like listing; every built-in store offers it.
+    """
+
+    def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        """The entries appended after entry ``after`` (None: from the first), then new ones.
+
+        Entries come in append order, each exactly once, and the iterator
+        waits for more until the caller stops iterating (``break`` or
+        ``aclose()``). A store error ends the iteration (``StoreUnavailable``
+        while the server is down); to pick up after it or any disconnect,
+        watch again with the id of the last entry received. Raises
+        ``SessionNotFound``, or ``StoreError`` when ``after`` is not an entry
+        of the session.
+        """
+        ...

@@ -7,11 +7,11 @@ same thing on every store; a store module only adds its own I/O.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from threadline.errors import ConfigError, CorruptLog, InvalidSessionId
+from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session._codec import decode_entry
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
@@ -21,6 +21,7 @@ __all__ = [
     "aware",
     "check_limit",
     "check_record",
+    "check_retried_batch",
     "check_session_id",
     "decode_rows",
     "entry_type",
@@ -158,3 +159,36 @@ def decode_rows(rows: Iterable[tuple[Any, Any]], session_id: str, where: str) ->
                              session_id=session_id, path=row)
         log.append(decode_entry(data, session_id=session_id, path=row))
     return log
+
+def check_retried_batch(
+    session_id: str,
+    batch: Sequence[tuple[str, bytes]],
+    stored: Mapping[str, tuple[int, bytes]],
+    where: str,
+) -> None:
+    """Return if ``batch`` (id, bytes) is already stored whole; raise ``StoreError`` if not.
+
+    ``stored`` maps the ids of the batch that the session holds to their
+    position in its log and their stored bytes.
+    """
+    problem = _conflict(batch, stored)
+    if problem:
+        raise StoreError(f"{where}: append to session {session_id!r} repeats an entry id "
+                         f"already in the session, and is not a retry of a stored append: "
+                         f"{problem}; nothing was appended", session_id=session_id)
+
+
+def _conflict(batch: Sequence[tuple[str, bytes]], stored: Mapping[str, tuple[int, bytes]]) -> str:
+    if len({entry_id for entry_id, _ in batch}) < len(batch):
+        return "the batch holds one id twice"
+    missing = [entry_id for entry_id, _ in batch if entry_id not in stored]
+    if missing:
+        return f"entry {missing[0]!r} is new but others are stored"
+    first = stored[batch[0][0]][0]
+    for offset, (entry_id, data) in enumerate(batch):
+        position, stored_data = stored[entry_id]
+        if stored_data != data:
+            return f"entry {entry_id!r} is stored with different content"
+        if position != first + offset:
+            return f"entry {entry_id!r} is stored out of the batch's order"
+    return ""

@@ -1,4 +1,4 @@
-"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
+"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9; S25 and S26).
 
 Each test checks one rule of docs/writing-a-store.md (the Store contract);
 the page names the test for each rule.
@@ -50,6 +50,8 @@ hook the store lacks skip, naming the hook):
 - ``write_format_version(store, session_id, version)``: mark the session as
   written by format ``version``, for stores that keep a format version per
   session (the file store's first line).
+- ``watch_appends``: how many entries the S26 test appends while three
+  watchers follow (10,000). The S26 tests run when the store has ``watch``.
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
 ``delete_session``) are tested only when the store has them. To skip a test
@@ -108,7 +110,7 @@ from threadline.session._entries import (
     register_custom,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import Store
+from threadline.session._store import Store, WatchableStore
 from threadline.session._storekit import MAX_SESSION_ID_BYTES
 from threadline.session._tree import TreeIndex
 
@@ -323,6 +325,54 @@ async def _open_with_suite(suite: type[StoreConformance], tmp_path: Path) -> Sto
     return await suite().make_store(tmp_path)
 
 
+async def _append_batches(store: Store, session_id: str, count: int) -> list[str]:
+    """Append ``count`` chained entries in batches of 1 to 5; the ids in append order."""
+    acknowledged: list[str] = []
+    parent: str | None = None
+    while len(acknowledged) < count:
+        entries: list[Entry] = []
+        for _ in range(min(1 + len(acknowledged) % 5, count - len(acknowledged))):
+            entry = _chain_entry(parent, 0, len(acknowledged) + len(entries))
+            parent = entry.id
+            entries.append(entry)
+        await store.append_entries(session_id, entries)
+        acknowledged.extend(e.id for e in entries)
+    return acknowledged
+
+
+def _process_append_batches(opener: StoreOpener, session_id: str, count: int) -> list[str]:
+    async def run() -> list[str]:
+        store = await _open(opener)
+        try:
+            return await _append_batches(store, session_id, count)
+        finally:
+            await _close(store)
+
+    return asyncio.run(run())
+
+
+async def _watch_ids(store: Store, session_id: str, count: int, after: str | None = None,
+                     stop_after: int | None = None) -> list[str]:
+    """Ids ``watch`` yields until ``count`` arrived (or ``stop_after``, then it disconnects)."""
+    assert isinstance(store, WatchableStore)
+    ids: list[str] = []
+    watch = store.watch(session_id, after)
+    try:
+        async for entry in watch:
+            ids.append(entry.id)
+            if len(ids) in (count, stop_after):
+                break
+    finally:
+        await _aclose(watch)
+    return ids
+
+
+async def _aclose(iterator: AsyncIterator[Entry]) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
 def _process_create(opener: StoreOpener, session_id: str) -> bool:
     async def run() -> bool:
         store = await _open(opener)
@@ -346,6 +396,9 @@ class StoreConformance:
 
     process_count: ClassVar[int] = 4
     process_appends: ClassVar[int] = 50
+
+    watch_appends: ClassVar[int] = 10_000
+    """Entries appended while three watchers follow (stores that can watch)."""
 
     async def make_store(self, tmp_path: Path) -> Store:
         raise NotImplementedError("subclasses of StoreConformance implement make_store")
@@ -509,22 +562,35 @@ class StoreConformance:
             await store.load_entries("conf-missing")
 
     async def test_s8_repeated_entry_id_refuses_the_whole_batch(self, store: Store) -> None:
-        sid = await self.new_session(store)
-        first = _chain_entry(None, 0, 0)
-        await store.append_entries(sid, [first])
-        repeat = msgspec.structs.replace(first, message=UserMessage.of("a second version"))
-        fresh = _chain_entry(first.id, 0, 1)
+        # The second half of the repeated-id rule: a batch that repeats a
+        # stored id and is not an exact retry of stored entries (S25) is a
+        # conflict, refused whole, on this handle and on any other.
+        sid, before, batch = await self._stored_batch(store)
+        stored = before + batch
+        changed = msgspec.structs.replace(batch[1], message=UserMessage.of("not the same"))
+        fresh = _chain_entry(batch[2].id, 0, 4)
         twin = msgspec.structs.replace(fresh, message=UserMessage.of("its twin"))
         other = await self.another_handle()
-        for handle, batch in ((store, [repeat]), (store, [fresh, repeat]),
-                              (store, [fresh, twin]), (other, [fresh, repeat])):
+        conflicts = [
+            (store, [changed]),                          # other bytes under a stored id
+            (store, [batch[0], changed, batch[2]]),      # ... inside an otherwise exact retry
+            (store, [fresh, changed]),                   # a new entry, then a stored id
+            (store, [*batch, fresh]),                    # stored, plus one new entry
+            (store, [batch[1], batch[0], batch[2]]),     # stored ids in another order
+            (store, [before[0], batch[1]]),              # stored, but not as one run
+            (store, [batch[0], batch[0]]),               # one stored entry twice
+            (store, [fresh, twin]),                      # an id twice within the batch
+            (other, [fresh, changed]),
+            (other, [batch[1], batch[0], batch[2]]),
+        ]
+        for handle, conflict in conflicts:
             with pytest.raises(StoreError) as info:
-                await handle.append_entries(sid, batch)
+                await handle.append_entries(sid, conflict)
             assert info.value.session_id == sid and repr(sid) in str(info.value)
-            assert_same_entries(await store.load_entries(sid), [first])
-        # The id stays free for the batch that is right.
+            assert_same_entries(await store.load_entries(sid), stored)
+        # The new id stays free for the batch that is right.
         await store.append_entries(sid, [fresh])
-        assert_same_entries(await other.load_entries(sid), [first, fresh])
+        assert_same_entries(await other.load_entries(sid), [*stored, fresh])
 
     # -- lineage (S6) ---------------------------------------------------------
 
@@ -925,3 +991,113 @@ class StoreConformance:
             ))
         check_concurrent_log(await store.load_entries(sid), chains)
         assert sum(winners) == 1, winners
+
+    # -- a retried batch is stored once (S25) ---------------------------------
+
+    async def _stored_batch(
+        self, store: Store
+    ) -> tuple[str, list[MessageEntry], list[MessageEntry]]:
+        sid = await self.new_session(store)
+        before = [_chain_entry(None, 0, 0)]
+        await store.append_entries(sid, before)
+        batch = [_chain_entry(before[0].id, 0, 1)]
+        batch += [_chain_entry(batch[0].id, 0, 2), _chain_entry(None, 0, 3)]
+        await store.append_entries(sid, batch)
+        return sid, before, batch
+
+    async def test_s25_retried_batch_is_stored_once(self, store: Store) -> None:
+        # The first half of the repeated-id rule (S8): a batch whose entries
+        # are all stored already, the same bytes in the same order, is the
+        # earlier append acknowledged late. It succeeds and stores nothing.
+        sid, before, batch = await self._stored_batch(store)
+        # The caller never heard back, so it sends the same batch again, maybe
+        # over another connection, maybe more than once.
+        await (await self.another_handle()).append_entries(sid, batch)
+        await store.append_entries(sid, batch)
+        await store.append_entries(sid, batch[1:])  # a tail of it is stored as well
+        assert_same_entries(await store.load_entries(sid), before + batch)
+
+    # -- watch (S26) ----------------------------------------------------------
+
+    def _watchable(self, store: Store) -> WatchableStore:
+        if not isinstance(store, WatchableStore):
+            pytest.skip("this store offers no watch()")
+        return store
+
+    async def test_s26_watch_catches_up_then_follows(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        sid = await self.new_session(store)
+        first = [_chain_entry(None, 0, n) for n in range(3)]
+        await store.append_entries(sid, first)
+        watch = watchable.watch(sid)
+        got = [await anext(watch) for _ in range(3)]
+        later = [_chain_entry(first[-1].id, 1, n) for n in range(2)]
+        await (await self.another_handle()).append_entries(sid, later)
+        got += [await anext(watch) for _ in range(2)]
+        await _aclose(watch)
+        assert_same_entries(got, first + later)
+        # Resuming after an entry starts right behind it; after the last, with nothing.
+        assert await _watch_ids(store, sid, 3, after=first[1].id) == [
+            e.id for e in [first[2], *later]]
+        tail = watchable.watch(sid, after=later[-1].id)
+        pending = asyncio.ensure_future(anext(tail))
+        await asyncio.sleep(0)
+        assert not pending.done()
+        extra = _chain_entry(later[-1].id, 2, 0)
+        await store.append_entries(sid, [extra])
+        assert (await pending).id == extra.id
+        await _aclose(tail)
+
+    async def test_s26_watch_unknown_session_or_entry_is_an_error(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        with pytest.raises(SessionNotFound):
+            await anext(watchable.watch("conf-no-such-session"))
+        sid = await self.new_session(store)
+        await store.append_entries(sid, [_chain_entry(None, 0, 0)])
+        with pytest.raises(StoreError) as info:
+            await anext(watchable.watch(sid, after=new_id()))
+        assert info.value.session_id == sid and "no such entry" in str(info.value)
+
+    async def test_s26_three_watchers_see_every_append_once_in_order(
+        self, store: Store
+    ) -> None:
+        # One writer (another process when the store can be opened there)
+        # appends while three watchers follow; the third disconnects part way
+        # and resumes, on a new handle, after the last id it got.
+        self._watchable(store)
+        count = self.watch_appends
+        sid = await self.new_session(store)
+        resumed_handle = await self.another_handle()
+
+        async def resuming() -> list[str]:
+            ids = await _watch_ids(store, sid, count, stop_after=count // 3)
+            return ids + await _watch_ids(resumed_handle, sid, count - len(ids), after=ids[-1])
+
+        watchers = [asyncio.ensure_future(_watch_ids(store, sid, count)),
+                    asyncio.ensure_future(_watch_ids(await self.another_handle(), sid, count)),
+                    asyncio.ensure_future(resuming())]
+        opener = self.store_opener(self._tmp_path)
+        if opener is not None:
+            loop = asyncio.get_running_loop()
+            with self._process_pool(1) as pool:
+                appended = await loop.run_in_executor(
+                    pool, _process_append_batches, opener, sid, count)
+        else:
+            appended = await _append_batches(await self.another_handle(), sid, count)
+        # A watcher that skipped an entry would wait forever: give up, loudly.
+        done, _ = await asyncio.wait(watchers, timeout=120)
+        assert len(done) == 3, "a watcher did not receive every entry"
+        assert [e.id for e in await store.load_entries(sid)] == appended
+        for watcher in watchers:
+            assert watcher.result() == appended
+
+    async def test_s26_watch_delivers_entries_of_several_mebibytes(self, store: Store) -> None:
+        watchable = self._watchable(store)
+        sid = await self.new_session(store)
+        big = MessageEntry(message=UserMessage.of("b" * (5 << 20)))
+        small = _chain_entry(big.id, 0, 1)
+        await store.append_entries(sid, [big, small])
+        watch = watchable.watch(sid)
+        got = [await anext(watch), await anext(watch)]
+        await _aclose(watch)
+        assert_same_entries(got, [big, small])

@@ -1,0 +1,40 @@
+"""How the durable agent retries a store that lost its connection (S25).
+
+``StoreUnavailable`` means the outcome of the append is unknown: the entries
+may be stored with only the acknowledgement lost. Retrying the very same
+batch (same ids, same bytes) is safe because the store recognises a batch it
+already holds and stores it once (``check_retried_batch`` in ``session/_storekit.py``). So the agent
+retries a few times over about two seconds, and reports success only when a
+store call succeeded: a receipt is issued once, and only for stored entries.
+When the retries run out the error propagates; the entries may or may not be
+stored, and a later load shows which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from threadline.errors import StoreUnavailable
+from threadline.session._entries import Entry
+from threadline.session._store import Store
+
+__all__ = ["RETRY_DELAYS", "append_retrying"]
+
+log = logging.getLogger("threadline.durable")
+
+RETRY_DELAYS: tuple[float, ...] = (0.05, 0.15, 0.3, 0.5, 1.0)
+"""Seconds slept before each retry of an append that met ``StoreUnavailable``."""
+
+
+async def append_retrying(store: Store, session_id: str, batch: Sequence[Entry]) -> None:
+    for delay in RETRY_DELAYS:
+        try:
+            await store.append_entries(session_id, batch)
+            return
+        except StoreUnavailable as exc:
+            log.warning("session %r: append of %d entries failed, retrying the same batch in "
+                        "%gs: %s", session_id, len(batch), delay, exc)
+            await asyncio.sleep(delay)
+    await store.append_entries(session_id, batch)
