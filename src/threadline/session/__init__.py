@@ -22,7 +22,7 @@ from threadline.session._entries import (
 from threadline.session._file import FileStore
 from threadline.session._ids import new_id
 from threadline.session._memory import MemoryStore
-from threadline.session._store import EntryLog, ManagedStore, SessionPage, Store
+from threadline.session._store import EntryLog, LinearStore, ManagedStore, SessionPage, Store
 from threadline.session._tree import TreeIndex, TreeView
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ __all__ = [
     "Entry",
     "EntryLog",
     "FileStore",
+    "LinearStore",
     "ManagedStore",
     "MemoryStore",
     "MessageEntry",

@@ -111,8 +111,8 @@ from threadline.session._entries import (
     SessionRecord,
     _decoding,
 )
-from threadline.session._memory import check_session_id, page_records
-from threadline.session._store import EntryLog, SessionPage
+from threadline.session._memory import check_session_id, lines_after, page_records
+from threadline.session._store import EntryLog, SessionPage, chain_after
 
 __all__ = ["FileStore", "session_file_name"]
 
@@ -471,10 +471,13 @@ class FileStore:
             raise
         return _OpenLog(fd, st.st_dev, st.st_ino, path)
 
-    def _write(self, session_id: str, log: _OpenLog | None, data: bytes) -> _OpenLog:
+    def _write(self, session_id: str, log: _OpenLog | None,
+               data: bytes | Callable[[int, int], bytes]) -> _OpenLog:
         """Append ``data`` under the file lock; return the file, still open.
 
         ``log`` is a file this store opened before, or None. On error it is closed.
+        ``data`` may be a function of the locked file and its size, which
+        makes what is written depend on what is there (``append_linear``).
         """
         try:
             self._check_writable(session_id)
@@ -491,6 +494,8 @@ class FileStore:
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
+            if callable(data):
+                data = data(log.fd, size)
             if data:
                 self._append_locked(log.fd, size, data, path, session_id)
             fcntl.flock(log.fd, fcntl.LOCK_UN)
@@ -560,7 +565,8 @@ class FileStore:
         os.ftruncate(fd, cut)
         return cut
 
-    def _load(self, session_id: str) -> EntryLog:
+    def _read_all(self, session_id: str) -> tuple[bytes, int, Path]:
+        """The whole file, read under a shared lock, and the end of its first line."""
         fd, path = self._open(session_id, os.O_RDONLY)
         with open(fd, "rb", closefd=True) as f:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -570,6 +576,10 @@ class FileStore:
             raise CorruptLog("no complete session_init line",
                              session_id=session_id, path=str(path), line=1)
         self._check_record(data[:first], session_id, path)
+        return data, first, path
+
+    def _load(self, session_id: str) -> EntryLog:
+        data, first, path = self._read_all(session_id)
         end = data.rfind(b"\n") + 1
         diagnostics: list[str] = []
         if end < len(data):
@@ -625,6 +635,59 @@ class FileStore:
         finally:
             os.close(fd)
         self._sync_dir(session_id)
+
+    # -- the linear capability (S32) ------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        check_session_id(session_id)
+        self._check_writable(session_id)
+        stored: list[Entry] = list(entries)
+
+        def chained(fd: int, size: int) -> bytes:
+            # Called with the exclusive lock held: no writer can slip in
+            # between reading the last entry and appending after it.
+            line = _last_line(fd, size)
+            last = None if line is None else decode_entry(
+                line, session_id=session_id, path=str(self.path_for(session_id))).id
+            stored[:] = chain_after(entries, last)
+            return encode_entries(stored)
+
+        def write() -> None:
+            # A descriptor of its own: its flock excludes this store's cached
+            # one as it excludes other processes.
+            os.close(self._write(session_id, None, chained).fd)
+
+        if entries:
+            await self._thread("append to", session_id, write)
+        else:
+            await self.load_session(session_id)
+        return stored
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        def load() -> list[Entry]:
+            data, first, path = self._read_all(session_id)
+            lines = data[first + 1:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+            return lines_after(lines, entry_id, session_id, str(path))
+
+        return await self._thread("load", session_id, load)
+
+
+def _last_line(fd: int, size: int) -> bytes | None:
+    """The last complete entry line of the file (a torn tail skipped), or None."""
+    chunk = 1 << 16
+    while True:
+        start = max(0, size - chunk)
+        data = os.pread(fd, size - start, start)
+        end = data.rfind(b"\n")
+        if end >= 0:
+            begin = data.rfind(b"\n", 0, end) + 1
+            if begin > 0:
+                return data[begin:end]
+            if start == 0:
+                return None  # only the session_init line
+        if start == 0:
+            return None
+        chunk *= 4
 
 
 _STORES: weakref.WeakSet[FileStore] = weakref.WeakSet()

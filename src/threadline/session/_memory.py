@@ -25,7 +25,14 @@ from threadline.errors import (
 )
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    encode_cursor,
+    entry_not_found,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -95,6 +102,34 @@ class MemoryStore:
     async def close(self) -> None:
         """Nothing to release; the data stays readable until the object is dropped."""
 
+    # -- the linear capability (S32) ------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        with self._lock:  # the last entry and the append, in one critical section
+            log = self._logs.get(session_id)
+            if log is None:
+                raise SessionNotFound(session_id, "memory store")
+            last = decode_entry(log[-1], session_id=session_id).id if log else None
+            chained = chain_after(entries, last)
+            lines = [encode_entry(e) for e in chained]
+            new_ids = {e.id for e in chained}
+            ids = self._ids[session_id]
+            if len(new_ids) < len(chained) or not ids.isdisjoint(new_ids):
+                raise StoreError(
+                    f"memory store: linear append to session {session_id!r} repeats an entry "
+                    f"id already in the session; nothing was appended", session_id=session_id)
+            log.extend(lines)
+            ids |= new_ids
+        return chained
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        with self._lock:
+            lines = self._logs.get(session_id)
+            if lines is None:
+                raise SessionNotFound(session_id, "memory store")
+            lines = list(lines)
+        return lines_after(lines, entry_id, session_id, "memory store")
+
 
 def check_session_id(session_id: object) -> str:
     if not isinstance(session_id, str) or not session_id:
@@ -130,3 +165,22 @@ def page_records(
     page = records[:limit]
     next_cursor = encode_cursor(page[-1]) if len(records) > limit else None
     return SessionPage(sessions=page, next_cursor=next_cursor)
+
+
+def lines_after(lines: Sequence[bytes], entry_id: str | None, session_id: str,
+                where: str) -> list[Entry]:
+    """Decode the lines after the one holding ``entry_id`` (all for ``None``).
+
+    Walks back from the end, so the cost is that of the new lines only.
+    """
+    out: list[Entry] = []
+    for line in reversed(lines):
+        entry = decode_entry(line, session_id=session_id, path=where)
+        if entry.id == entry_id:
+            break
+        out.append(entry)
+    else:
+        if entry_id is not None:
+            raise entry_not_found(session_id, entry_id, where)
+    out.reverse()
+    return out

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -43,7 +45,14 @@ from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
 from threadline.session._memory import check_session_id
 from threadline.session._sqlite import entry_type
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    encode_cursor,
+    entry_not_found,
+)
 
 try:
     import psycopg
@@ -110,6 +119,11 @@ _Q = {
     # second statement's fresh snapshot then sees every entry that append wrote.
     "delete_session": "DELETE FROM {s}.sessions WHERE session_id = %s",
     "delete_entries": "DELETE FROM {s}.entries WHERE session_id = %s",
+    # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
+    "lock_session": "SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR UPDATE",
+    "entry_at": "SELECT entry_id FROM {s}.entries WHERE session_id = %s AND seq = %s",
+    "seq_of": "SELECT seq FROM {s}.entries WHERE session_id = %s AND entry_id = %s",
+    "after": "SELECT seq, data FROM {s}.entries WHERE session_id = %s AND seq > %s ORDER BY seq",
 }
 
 
@@ -170,20 +184,30 @@ class PostgresStore:
         elif isinstance(url_or_pool, str):
             self._owns_pool = True
             self._where = f"{redact(url_or_pool)}, schema {schema!r}"
-            self._pool = AsyncConnectionPool(
-                url_or_pool, open=False, min_size=min_size, max_size=max_size,
-                timeout=timeout,
-                kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
-                        "connect_timeout": max(1, round(connect_timeout))},
-            )
+            url = url_or_pool
+
+            def new_pool() -> AsyncConnectionPool[Any]:
+                return AsyncConnectionPool(
+                    url, open=False, min_size=min_size, max_size=max_size, timeout=timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
+                            "connect_timeout": max(1, round(connect_timeout))},
+                )
+
+            self._new_pool = new_pool
+            self._pool = new_pool()
         else:
             raise ConfigError(f"PostgresStore needs a URL or an AsyncConnectionPool, got "
                               f"{type(url_or_pool).__name__}")
         ident = sql.Identifier(schema)
         self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in _Q.items()}
         self._ready = False
-        self._ready_lock: asyncio.Lock | None = None
         self._closed = False
+        # A psycopg pool belongs to the event loop that opened it. A store
+        # that made its own pool makes one per loop it is used from (S33);
+        # the first loop gets ``self._pool``.
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
+            weakref.WeakKeyDictionary())
+        self._loops_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
@@ -201,26 +225,41 @@ class PostgresStore:
 
     # -- plumbing ---------------------------------------------------------------
 
+    def _here(self) -> _LoopPool:
+        """This event loop's pool (made on first use from the loop)."""
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            here = self._loops.get(loop)
+            if here is None:
+                if self._loops and not self._owns_pool:
+                    raise StoreError(
+                        f"{self._where}: the AsyncConnectionPool passed in belongs to another "
+                        f"event loop; pass a URL to have the store make a pool per loop")
+                pool = self._new_pool() if self._loops and self._owns_pool else self._pool
+                here = self._loops[loop] = _LoopPool(pool)
+        return here
+
     async def _start(self) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        if self._ready:
+        here = self._here()
+        if here.ready:
             return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:
-            if self._ready:
+        async with here.lock:
+            if here.ready:
                 return
             if self._url is not None:
                 await self._probe(self._url)
                 try:
-                    await self._pool.open(wait=True, timeout=self._connect_timeout)
+                    await here.pool.open(wait=True, timeout=self._connect_timeout)
                 except (PoolTimeout, psycopg.Error) as exc:
-                    await self._pool.close()
+                    await here.pool.close()
                     raise StoreError(f"{self._where}: cannot connect within "
                                      f"{self._connect_timeout:g}s: {exc}") from exc
-            await self._with_conn("migrating the schema", None, self._migrate)
-            self._ready = True
+            if not self._ready:
+                await self._with_conn("migrating the schema", None, self._migrate)
+                self._ready = True
+            here.ready = True
 
     async def _probe(self, url: str) -> None:
         try:
@@ -271,7 +310,7 @@ class PostgresStore:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed", session_id=session_id)
         try:
-            async with self._pool.connection() as conn:
+            async with self._here().pool.connection() as conn:
                 if conn.autocommit:
                     return await fn(conn)
                 # A pool the application passed in may hand out connections
@@ -408,8 +447,96 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        if self._owns_pool:
+        if not self._owns_pool:
+            return
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            pools = list(self._loops.items())
+        if not pools:
             await self._pool.close()
+        for owner, here in pools:
+            if owner is loop:
+                await here.pool.close()
+            elif owner.is_running():
+                asyncio.run_coroutine_threadsafe(here.pool.close(), owner)
+            # A pool whose loop has ended has no workers left; its connections
+            # close when it is collected.
+
+    # -- the linear capability (S32) ----------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        sid = self._sid(session_id)
+        if not entries:
+            await self.load_session(sid)
+            return []
+        stored: list[Entry] = list(entries)
+
+        async def op(conn: Conn) -> int:
+            async with conn.transaction():
+                # The session row's lock is the one every appender takes, so no
+                # append can land between reading the last entry and this one.
+                cur = await conn.execute(self._q["lock_session"], (sid,))
+                row = await cur.fetchone()
+                if row is None:
+                    raise SessionNotFound(sid, self._where)
+                # A statement of its own: its snapshot, taken after the lock
+                # was granted, sees the entries of the append that held it.
+                cur = await conn.execute(self._q["entry_at"], (sid, row[0]))
+                last = await cur.fetchone()
+                stored[:] = chain_after(entries, None if last is None else last[0])
+                try:
+                    cur = await conn.execute(self._q["append"], _append_params(sid, stored))
+                except psycopg.errors.UniqueViolation as exc:
+                    raise StoreError(f"{self._where}: linear append to session {sid!r} repeats "
+                                     f"an entry id already in the session: {exc}",
+                                     session_id=sid) from exc
+                return cur.rowcount
+
+        await self._run("append_linear", sid, op)
+        return stored
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        sid = self._sid(session_id)
+
+        async def op(conn: Conn) -> tuple[Any, list[tuple[Any, ...]]]:
+            async with conn.transaction():
+                if entry_id is None:
+                    cur = await conn.execute(self._q["session"], (sid,))
+                    seq = 0 if await cur.fetchone() is not None else None
+                else:
+                    cur = await conn.execute(self._q["seq_of"], (sid, entry_id))
+                    found = await cur.fetchone()
+                    seq = None if found is None else found[0]
+                if seq is None:
+                    return None, []
+                cur = await conn.execute(self._q["after"], (sid, seq), binary=True)
+                return seq, await cur.fetchall()
+
+        seq, rows = await self._run("load_entries_after", sid, op)
+        if seq is None:
+            await self.load_session(sid)  # SessionNotFound if that is what it is
+            assert entry_id is not None
+            raise entry_not_found(sid, entry_id, self._where)
+        return [decode_entry(data, session_id=sid, path=f"{self._where}, table entries row "
+                             f"(session_id={sid!r}, seq={n})") for n, data in rows]
+
+
+class _LoopPool:
+    __slots__ = ("lock", "pool", "ready")
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+        self.lock = asyncio.Lock()  # made and used in the one loop this pool serves
+        self.ready = False
+
+
+def _append_params(sid: str, entries: Sequence[Entry]) -> dict[str, Any]:
+    return {
+        "sid": sid, "n": len(entries),
+        "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
+        "types": [entry_type(e) for e in entries],
+        "datas": [encode_entry(e) for e in entries],
+    }
 
 
 def _aware(dt: datetime) -> datetime:
