@@ -7,6 +7,10 @@ test gets its own connection to the same sessions.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,3 +63,45 @@ async def close(store: Store) -> None:
     closer = getattr(store, "close", None)
     if closer is not None:
         await closer()
+
+
+def run_threads(target: Callable[[int], None], n: int) -> None:
+    threads = [threading.Thread(target=target, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+
+
+def race(spec: StoreSpec, body: Callable[[Store, int], Awaitable[None]], *,
+         threads: int, children: list[list[str]]) -> None:
+    """Run ``body(store, t)`` in ``threads`` threads, each with its own event loop
+    and store object, while the ``children`` command lines run; all must succeed."""
+    procs = [subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) for argv in children]
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        async def main() -> None:
+            store = spec.open()
+            await body(store, t)
+            if spec.kind != "memory":
+                await close(store)
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            errors.append(exc)
+
+    run_threads(worker, threads)
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert not errors, errors
+
+
+def assert_one_order(texts: list[str], writers: list[str], per_writer: int) -> None:
+    """Every writer's ``<writer>-<n>`` is there once, each writer's in its own order."""
+    assert sorted(texts) == sorted(f"{w}-{n}" for w in writers for n in range(per_writer))
+    for w in writers:
+        assert [t for t in texts if t.startswith(w + "-")] == [
+            f"{w}-{n}" for n in range(per_writer)]

@@ -47,7 +47,8 @@ DOCUMENTED = documented()
 
 def test_every_public_module_is_documented() -> None:
     # cli is a command, not an import surface; its only name is ``main``.
-    assert set(DOCUMENTED) == public_packages() - {"threadline.cli"}
+    # integrations only holds one package per framework, each documented.
+    assert set(DOCUMENTED) == public_packages() - {"threadline.cli", "threadline.integrations"}
 
 
 @pytest.mark.parametrize("module", sorted(DOCUMENTED))

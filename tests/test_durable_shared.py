@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from store_kinds import KINDS, StoreSpec, close, make_spec
+from store_kinds import KINDS, StoreSpec, assert_one_order, close, make_spec, race, run_threads
 from threadline import durable
 from threadline.ai import UserMessage
 from threadline.errors import ConfigError, EntryNotFound, StoreError
@@ -50,15 +48,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def run_threads(target: Callable[[int], None], n: int) -> None:
-    threads = [threading.Thread(target=target, args=(t,)) for t in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads), "a thread hung"
 
 
 def run_child(spec: StoreSpec, session_id: str, body: str) -> str:
@@ -194,31 +183,16 @@ def test_s32_threads_and_processes_append_linear_at_once(spec: StoreSpec) -> Non
         await close(store)
 
     asyncio.run(setup())
-    children = [] if spec.kind == "memory" else [
-        subprocess.Popen([sys.executable, "-c", CHILD.format(
-            root=str(Path(__file__).resolve().parent),
-            body=f"for n in range(10): await agent.append_linear(UserMessage.of('p{p}-' + str(n)))",
-        ), "s32-many", *spec.as_argv()], stderr=subprocess.PIPE, text=True) for p in range(2)]
-    errors: list[BaseException] = []
+    async def body(store: Store, t: int) -> None:
+        agent = await durable.open(None, store=store, session_id="s32-many")
+        for n in range(10):
+            await agent.append_linear(UserMessage.of(f"t{t}-{n}"))
 
-    def writer(t: int) -> None:
-        async def main() -> None:
-            store = spec.open()
-            agent = await durable.open(None, store=store, session_id="s32-many")
-            for n in range(10):
-                await agent.append_linear(UserMessage.of(f"t{t}-{n}"))
-            if spec.kind != "memory":
-                await close(store)
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            errors.append(exc)
-
-    run_threads(writer, 5)
-    for child in children:
-        _, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-    assert not errors, errors
+    procs = 0 if spec.kind == "memory" else 2
+    race(spec, body, threads=5, children=[[sys.executable, "-c", CHILD.format(
+        root=str(Path(__file__).resolve().parent),
+        body=f"for n in range(10): await agent.append_linear(UserMessage.of('p{p}-' + str(n)))",
+    ), "s32-many", *spec.as_argv()] for p in range(procs)])
 
     async def check() -> list[str]:
         store = spec.open()
@@ -228,11 +202,8 @@ def test_s32_threads_and_processes_append_linear_at_once(spec: StoreSpec) -> Non
         await close(store)
         return path
 
-    path = asyncio.run(check())
-    writers = [f"t{t}" for t in range(5)] + [f"p{p}" for p in range(len(children))]
-    assert sorted(path) == sorted(f"{w}-{n}" for w in writers for n in range(10))
-    for w in writers:  # each writer's items in its own order
-        assert [x for x in path if x.startswith(w + "-")] == [f"{w}-{n}" for n in range(10)]
+    writers = [f"t{t}" for t in range(5)] + [f"p{p}" for p in range(procs)]
+    assert_one_order(asyncio.run(check()), writers, 10)
 
 
 def test_s33_one_agent_from_many_threads_each_with_its_own_loop(spec: StoreSpec) -> None:

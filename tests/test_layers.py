@@ -29,6 +29,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "viewer": frozenset({"durable", "stores", "agent", "session", "ai", "errors"}),
     "cli": frozenset({"durable", "stores", "testing", "viewer", "agent", "session", "ai",
                       "errors"}),
+    "integrations": frozenset({"durable", "stores", "agent", "session", "ai", "errors"}),
 }
 
 

@@ -1,0 +1,3 @@
+"""Adapters for other agent frameworks, each behind its own extra."""
+
+__all__: list[str] = []
