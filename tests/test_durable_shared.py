@@ -18,7 +18,15 @@ from store_kinds import KINDS, StoreSpec, assert_one_order, close, make_spec, ra
 from threadline import durable
 from threadline.ai import UserMessage
 from threadline.errors import ConfigError, EntryNotFound, StoreError
-from threadline.session import BranchSummaryEntry, Entry, MemoryStore, MessageEntry, Store
+from threadline.session import (
+    BranchSummaryEntry,
+    CustomEntry,
+    Entry,
+    FileStore,
+    MemoryStore,
+    MessageEntry,
+    Store,
+)
 from threadline.testing import FaultyStore
 
 
@@ -228,3 +236,19 @@ def test_s33_one_agent_from_many_threads_each_with_its_own_loop(spec: StoreSpec)
         await close(store)
 
     asyncio.run(reopen())
+
+
+async def test_s32_file_store_reads_back_only_as_far_as_it_must(tmp_path: Path) -> None:
+    # The entry sits more than one read chunk back, and a later entry's data
+    # mentions its id the way a header would: neither may mislead the reader.
+    store = FileStore(tmp_path)
+    agent = await durable.open(None, store=store, session_id="s32-far")
+    (target,) = await agent.append(UserMessage.of("target"))
+    await agent.append(*(UserMessage.of("x" * 1000) for _ in range(200)),
+                       CustomEntry(kind="note", data={"id": target.id}))
+    after = await store.load_entries_after("s32-far", target.id)
+    assert len(after) == 201 and isinstance(after[-1], CustomEntry)
+    assert [e.id for e in after] == [e.id for e in agent.entries[1:]]
+    assert await store.load_entries_after("s32-far", agent.entries[-1].id) == []
+    with pytest.raises(EntryNotFound):
+        await store.load_entries_after("s32-far", "01-not-there")

@@ -98,6 +98,7 @@ from threadline.errors import (
     ConfigError,
     CorruptLog,
     DurabilityError,
+    EntryNotFound,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -565,8 +566,7 @@ class FileStore:
         os.ftruncate(fd, cut)
         return cut
 
-    def _read_all(self, session_id: str) -> tuple[bytes, int, Path]:
-        """The whole file, read under a shared lock, and the end of its first line."""
+    def _load(self, session_id: str) -> EntryLog:
         fd, path = self._open(session_id, os.O_RDONLY)
         with open(fd, "rb", closefd=True) as f:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -576,10 +576,6 @@ class FileStore:
             raise CorruptLog("no complete session_init line",
                              session_id=session_id, path=str(path), line=1)
         self._check_record(data[:first], session_id, path)
-        return data, first, path
-
-    def _load(self, session_id: str) -> EntryLog:
-        data, first, path = self._read_all(session_id)
         end = data.rfind(b"\n") + 1
         diagnostics: list[str] = []
         if end < len(data):
@@ -664,12 +660,35 @@ class FileStore:
         return stored
 
     async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
-        def load() -> list[Entry]:
-            data, first, path = self._read_all(session_id)
-            lines = data[first + 1:data.rfind(b"\n") + 1].split(b"\n")[:-1]
-            return lines_after(lines, entry_id, session_id, str(path))
+        if entry_id is None:
+            return await self.load_entries(session_id)
+        return await self._thread("load", session_id, self._load_after, session_id, entry_id)
 
-        return await self._thread("load", session_id, load)
+    def _load_after(self, session_id: str, entry_id: str) -> list[Entry]:
+        # Read back from the end, a growing chunk at a time, until the line of
+        # ``entry_id`` is in view: the cost follows what is new, not the log.
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            self._read_record(fd, session_id, path)
+            size = os.fstat(fd).st_size
+            needle = b'"id":' + msgspec.json.encode(entry_id)
+            chunk = 1 << 16
+            while True:
+                start = max(0, size - chunk)
+                data = os.pread(fd, size - start, start)
+                lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+                lines = lines[1:]  # cut by the chunk's start, or the session_init line
+                if start == 0 or any(needle in line for line in lines):
+                    try:
+                        return lines_after(lines, entry_id, session_id, str(path))
+                    except EntryNotFound:
+                        if start == 0:
+                            raise
+                        # The id was only mentioned in a later entry: look further back.
+                chunk *= 4
+        finally:
+            os.close(fd)
 
 
 def _last_line(fd: int, size: int) -> bytes | None:

@@ -122,8 +122,10 @@ _Q = {
     # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
     "lock_session": "SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR UPDATE",
     "entry_at": "SELECT entry_id FROM {s}.entries WHERE session_id = %s AND seq = %s",
-    "seq_of": "SELECT seq FROM {s}.entries WHERE session_id = %s AND entry_id = %s",
-    "after": "SELECT seq, data FROM {s}.entries WHERE session_id = %s AND seq > %s ORDER BY seq",
+    # The entry's own row first (so an empty result means it is not there), then those after it.
+    "after": "SELECT e.seq, e.data FROM {s}.entries e, {s}.entries a "
+             "WHERE a.session_id = %s AND a.entry_id = %s "
+             "AND e.session_id = a.session_id AND e.seq >= a.seq ORDER BY e.seq",
 }
 
 
@@ -498,27 +500,20 @@ class PostgresStore:
     async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
         sid = self._sid(session_id)
 
-        async def op(conn: Conn) -> tuple[Any, list[tuple[Any, ...]]]:
-            async with conn.transaction():
-                if entry_id is None:
-                    cur = await conn.execute(self._q["session"], (sid,))
-                    seq = 0 if await cur.fetchone() is not None else None
-                else:
-                    cur = await conn.execute(self._q["seq_of"], (sid, entry_id))
-                    found = await cur.fetchone()
-                    seq = None if found is None else found[0]
-                if seq is None:
-                    return None, []
-                cur = await conn.execute(self._q["after"], (sid, seq), binary=True)
-                return seq, await cur.fetchall()
+        if entry_id is None:
+            return list(await self.load_entries(sid))
 
-        seq, rows = await self._run("load_entries_after", sid, op)
-        if seq is None:
+        async def op(conn: Conn) -> list[tuple[Any, ...]]:
+            # One statement: the position and the rows after it come from one snapshot.
+            cur = await conn.execute(self._q["after"], (sid, entry_id), binary=True)
+            return await cur.fetchall()
+
+        rows = await self._run("load_entries_after", sid, op)
+        if not rows:
             await self.load_session(sid)  # SessionNotFound if that is what it is
-            assert entry_id is not None
             raise entry_not_found(sid, entry_id, self._where)
         return [decode_entry(data, session_id=sid, path=f"{self._where}, table entries row "
-                             f"(session_id={sid!r}, seq={n})") for n, data in rows]
+                             f"(session_id={sid!r}, seq={n})") for n, data in rows[1:]]
 
 
 class _LoopPool:
