@@ -262,7 +262,9 @@ async def test_runner_run_with_a_tool_call_persists_through_threadline(tmp_path:
         agent = make_agent(srv.url)
         result = await Runner.run(agent, "Weather in Paris?", session=session)
         assert result.final_output == "It is sunny in Paris."
-        result = await Runner.run(agent, "What did I ask?", session=session)
+        # run_sync runs its own event loop, here on another thread (S33).
+        result = await asyncio.to_thread(Runner.run_sync, agent, "What did I ask?",
+                                         session=session)
         assert result.final_output == "You asked about Paris."
         # The second turn's request carried the first turn from the session.
         sent = json.dumps(srv.received[-1].body)
