@@ -35,6 +35,12 @@ def spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
     return make_spec(request.param, tmp_path, request)
 
 
+@pytest.fixture(params=[k for k in KINDS if k != "memory"])
+def shared_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
+    """A store other processes can open too."""
+    return make_spec(request.param, tmp_path, request)
+
+
 def texts(entries: list[Entry]) -> list[str]:
     return [e.message.text for e in entries
             if isinstance(e, MessageEntry) and isinstance(e.message, UserMessage)]
@@ -67,9 +73,10 @@ def run_child(spec: StoreSpec, session_id: str, body: str) -> str:
     return done.stdout
 
 
-async def test_s31_durable_branch_survives_reopen_in_another_process(spec: StoreSpec) -> None:
-    if spec.kind == "memory":
-        pytest.skip("a memory store does not outlive its process")
+async def test_s31_durable_branch_survives_reopen_in_another_process(
+    shared_spec: StoreSpec,
+) -> None:
+    spec = shared_spec
     store = spec.open()
     agent = await durable.open(None, store=store, session_id="s31")
     first, _, _ = await agent.append(UserMessage.of("a"), UserMessage.of("b"),
