@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from threadline.session import (
     FileStore,
     MemoryStore,
     MessageEntry,
+    SessionRecord,
     Store,
 )
 from threadline.testing import FaultyStore
@@ -259,3 +261,71 @@ async def test_s32_file_store_reads_back_only_as_far_as_it_must(tmp_path: Path) 
     assert await store.load_entries_after("s32-far", agent.entries[-1].id) == []
     with pytest.raises(EntryNotFound):
         await store.load_entries_after("s32-far", "01-not-there")
+
+
+def test_s33_lock_serves_waiters_from_other_loops_in_order_and_survives_cancellation() -> None:
+    from threadline.durable._lock import AnyLoopLock
+
+    lock = AnyLoopLock()
+    order: list[str] = []
+    held = threading.Event()
+    release = threading.Event()
+
+    async def holder() -> None:
+        async with lock:
+            held.set()
+            await asyncio.to_thread(release.wait)
+            order.append("holder")
+
+    async def waiter(name: str, started: threading.Event) -> None:
+        task = asyncio.ensure_future(lock.acquire())
+        await asyncio.sleep(0)  # queued behind the holder
+        started.set()
+        await task
+        order.append(name)
+        lock.release()
+
+    async def cancelled(started: threading.Event) -> None:
+        task = asyncio.ensure_future(lock.acquire())
+        await asyncio.sleep(0)
+        started.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    first, second, third = threading.Event(), threading.Event(), threading.Event()
+    threads = [threading.Thread(target=asyncio.run, args=(holder(),))]
+    threads[0].start()
+    held.wait(30)
+    for coro, started in ((waiter("a", first), first), (cancelled(second), second),
+                          (waiter("b", third), third)):
+        threads.append(threading.Thread(target=asyncio.run, args=(coro,)))
+        threads[-1].start()
+        assert started.wait(30)
+    release.set()
+    for th in threads:
+        th.join(30)
+    assert order == ["holder", "a", "b"] and not lock.locked()
+
+
+async def test_s33_a_pool_passed_in_is_refused_from_another_loop(pg_url: str,
+                                                                  pg_schema: str) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from threadline.session import PostgresStore
+
+    async with AsyncConnectionPool(pg_url, min_size=1, max_size=1,
+                                   kwargs={"autocommit": True}) as pool:
+        store = PostgresStore(pool, schema=pg_schema)
+        await store.create_session(SessionRecord(id="mine"))
+
+        def elsewhere() -> BaseException | None:
+            try:
+                asyncio.run(store.load_entries("mine"))
+            except StoreError as exc:
+                return exc
+            return None
+
+        error = await asyncio.to_thread(elsewhere)
+        assert error is not None and "another event loop" in str(error)
+        assert await store.load_entries("mine") == []
