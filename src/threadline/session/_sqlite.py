@@ -476,6 +476,8 @@ class SQLiteStore:
 
     async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
         sid = check_session_id(session_id)
+        if entry_id is None:
+            return list(await self.load_entries(sid))
 
         def op(conn: sqlite3.Connection) -> tuple[Any, list[tuple[Any, Any]]]:
             try:
@@ -486,23 +488,19 @@ class SQLiteStore:
         seq, rows = await self._call(op)
         if seq is None:
             await self.load_session(sid)  # SessionNotFound if that is what it is
-            assert entry_id is not None
             raise entry_not_found(sid, entry_id, self.path)
         return [decode_entry(data, session_id=sid, path=self._row(sid, n)) for n, data in rows]
 
     def _read_after(self, conn: sqlite3.Connection, sid: str,
-                    entry_id: str | None) -> tuple[Any, list[tuple[Any, Any]]]:
+                    entry_id: str) -> tuple[Any, list[tuple[Any, Any]]]:
         # One read transaction, so the position and the rows agree.
         conn.execute("BEGIN")
         try:
-            if entry_id is None:
-                seq: Any = 0
-            else:
-                row = conn.execute("SELECT seq FROM entries WHERE session_id = ? AND id = ?",
-                                   (sid, entry_id)).fetchone()
-                if row is None:
-                    return None, []
-                seq = row[0]
+            row = conn.execute("SELECT seq FROM entries WHERE session_id = ? AND id = ?",
+                               (sid, entry_id)).fetchone()
+            if row is None:
+                return None, []
+            seq = row[0]
             rows = conn.execute("SELECT seq, data FROM entries WHERE session_id = ? AND seq > ? "
                                 "ORDER BY seq", (sid, seq)).fetchall()
             return seq, rows
