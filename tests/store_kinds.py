@@ -18,8 +18,6 @@ import pytest
 
 from threadline.session import FileStore, MemoryStore, Store
 
-KINDS = ("memory", "file", "sqlite", "postgres")
-
 
 @dataclass(frozen=True)
 class StoreSpec:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from store_kinds import KINDS, StoreSpec, assert_one_order, close, make_spec, race, run_threads
+from store_kinds import StoreSpec, assert_one_order, close, race, run_threads
 from threadline import durable
 from threadline.ai import UserMessage
 from threadline.errors import ConfigError, EntryNotFound, StoreError
@@ -32,17 +32,6 @@ from threadline.session import (
 from threadline.testing import FaultyStore
 
 
-@pytest.fixture(params=KINDS)
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
-    return make_spec(request.param, tmp_path, request)
-
-
-@pytest.fixture(params=[k for k in KINDS if k != "memory"])
-def shared_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
-    """A store other processes can open too."""
-    return make_spec(request.param, tmp_path, request)
-
-
 def texts(entries: list[Entry]) -> list[str]:
     return [e.message.text for e in entries
             if isinstance(e, MessageEntry) and isinstance(e.message, UserMessage)]
@@ -56,8 +45,8 @@ from threadline import durable
 from threadline.ai import UserMessage
 
 async def main():
-    spec = StoreSpec(*sys.argv[2:5])
-    store = spec.open()
+    store_spec = StoreSpec(*sys.argv[2:5])
+    store = store_spec.open()
     agent = await durable.open(None, store=store, session_id=sys.argv[1], repair=False)
     {body}
     await close(store)
@@ -66,30 +55,30 @@ asyncio.run(main())
 """
 
 
-def run_child(spec: StoreSpec, session_id: str, body: str) -> str:
+def run_child(store_spec: StoreSpec, session_id: str, body: str) -> str:
     root = str(Path(__file__).resolve().parent)
     code = CHILD.format(root=root, body=body)
-    done = subprocess.run([sys.executable, "-c", code, session_id, *spec.as_argv()],
+    done = subprocess.run([sys.executable, "-c", code, session_id, *store_spec.as_argv()],
                           check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 async def test_s31_durable_branch_survives_reopen_in_another_process(
-    shared_spec: StoreSpec,
+    shared_store_spec: StoreSpec,
 ) -> None:
-    spec = shared_spec
-    store = spec.open()
+    store_spec = shared_store_spec
+    store = store_spec.open()
     agent = await durable.open(None, store=store, session_id="s31")
     first, _, _ = await agent.append(UserMessage.of("a"), UserMessage.of("b"),
                                      UserMessage.of("c"))
     (marker,) = await agent.branch_to(first.id)
     assert isinstance(marker, BranchSummaryEntry) and marker.parent_id == first.id
-    out = run_child(spec, "s31", "print([m.text for m in agent.messages()], "
+    out = run_child(store_spec, "s31", "print([m.text for m in agent.messages()], "
                                  "type(agent.leaf).__name__)")
     assert out.split() == ["['a']", "BranchSummaryEntry"]
     # What the child appends continues from the moved leaf; b and c stay in the log.
-    run_child(spec, "s31", "await agent.append(UserMessage.of('d'))")
+    run_child(store_spec, "s31", "await agent.append(UserMessage.of('d'))")
     again = await durable.open(None, store=store, session_id="s31")
     assert [m.text for m in again.messages()] == ["a", "d"]  # type: ignore[union-attr]
     assert texts(again.entries) == ["a", "b", "c", "d"]
@@ -97,9 +86,9 @@ async def test_s31_durable_branch_survives_reopen_in_another_process(
 
 
 async def test_s31_branch_to_none_clears_and_the_next_append_is_atomic_with_it(
-    spec: StoreSpec,
+    store_spec: StoreSpec,
 ) -> None:
-    store = spec.open()
+    store = store_spec.open()
     agent = await durable.open(None, store=store, session_id="s31-clear")
     await agent.append(UserMessage.of("a"), UserMessage.of("b"))
     marker, new = await agent.branch_to(None, UserMessage.of("fresh"))
@@ -132,10 +121,10 @@ async def test_s31_branch_summary_reaches_the_model_only_when_set() -> None:
     assert "tried X, it failed" in agent.messages()[-1].text  # type: ignore[union-attr]
 
 
-async def test_s32_linear_append_puts_every_writer_on_one_path(spec: StoreSpec) -> None:
-    store = spec.open()
+async def test_s32_linear_append_puts_every_writer_on_one_path(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     a = await durable.open(None, store=store, session_id="s32")
-    b = await durable.open(None, store=spec.open(), session_id="s32")
+    b = await durable.open(None, store=store_spec.open(), session_id="s32")
     for n in range(3):
         await a.append_linear(UserMessage.of(f"a{n}"))
         await b.append_linear(UserMessage.of(f"b{n}"))
@@ -152,10 +141,10 @@ async def test_s32_linear_append_puts_every_writer_on_one_path(spec: StoreSpec) 
     await close(store)
 
 
-async def test_s32_refresh_reads_only_new_entries(spec: StoreSpec) -> None:
-    store = spec.open()
+async def test_s32_refresh_reads_only_new_entries(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     reader = await durable.open(None, store=store, session_id="s32-refresh")
-    writer = await durable.open(None, store=spec.open(), session_id="s32-refresh")
+    writer = await durable.open(None, store=store_spec.open(), session_id="s32-refresh")
     assert await reader.refresh() == []
     await writer.append(*(UserMessage.of(str(n)) for n in range(5)))
     counting = FaultyStore(store)
@@ -192,10 +181,10 @@ async def test_s32_linear_needs_the_capability() -> None:
     assert texts(await agent.refresh()) == ["b"]  # refresh falls back to a full load
 
 
-def test_s32_threads_and_processes_append_linear_at_once(spec: StoreSpec) -> None:
+def test_s32_threads_and_processes_append_linear_at_once(store_spec: StoreSpec) -> None:
     """5 threads with their own loops and store objects, and 2 processes: one path."""
     async def setup() -> None:
-        store = spec.open()
+        store = store_spec.open()
         await durable.open(None, store=store, session_id="s32-many")
         await close(store)
 
@@ -205,14 +194,14 @@ def test_s32_threads_and_processes_append_linear_at_once(spec: StoreSpec) -> Non
         for n in range(10):
             await agent.append_linear(UserMessage.of(f"t{t}-{n}"))
 
-    procs = 0 if spec.kind == "memory" else 2
-    race(spec, body, threads=5, children=[[sys.executable, "-c", CHILD.format(
+    procs = 0 if store_spec.kind == "memory" else 2
+    race(store_spec, body, threads=5, children=[[sys.executable, "-c", CHILD.format(
         root=str(Path(__file__).resolve().parent),
         body=f"for n in range(10): await agent.append_linear(UserMessage.of('p{p}-' + str(n)))",
-    ), "s32-many", *spec.as_argv()] for p in range(procs)])
+    ), "s32-many", *store_spec.as_argv()] for p in range(procs)])
 
     async def check() -> list[str]:
-        store = spec.open()
+        store = store_spec.open()
         agent = await durable.open(None, store=store, session_id="s32-many")
         assert len(agent.tree.leaves()) == 1
         path = texts(agent.path())
@@ -223,8 +212,8 @@ def test_s32_threads_and_processes_append_linear_at_once(spec: StoreSpec) -> Non
     assert_one_order(asyncio.run(check()), writers, 10)
 
 
-def test_s33_one_agent_from_many_threads_each_with_its_own_loop(spec: StoreSpec) -> None:
-    store = spec.open()
+def test_s33_one_agent_from_many_threads_each_with_its_own_loop(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     agent = asyncio.run(durable.open(None, store=store, session_id="s33"))
     errors: list[BaseException] = []
 

@@ -24,11 +24,9 @@ from openai import AsyncOpenAI
 
 from cli_helpers import tl
 from store_kinds import (
-    KINDS,
     StoreSpec,
     assert_one_order,
     close,
-    make_spec,
     race,
     run_threads,
 )
@@ -40,17 +38,6 @@ from threadline.session import CustomEntry, FileStore, MemoryStore, MessageEntry
 from wire_server import WireServer, json_reply
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(params=KINDS)
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
-    return make_spec(request.param, tmp_path, request)
-
-
-@pytest.fixture(params=[k for k in KINDS if k != "memory"])
-def shared_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
-    """A store other processes can open too."""
-    return make_spec(request.param, tmp_path, request)
 
 
 def user(text: str) -> dict[str, Any]:
@@ -70,8 +57,8 @@ REASONING = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_te
              "text": "think"}], "encrypted_content": "gAAAA\u202e\x00", "n": 1.5}
 
 
-async def test_is_a_session_and_items_come_back_exactly(spec: StoreSpec) -> None:
-    store = spec.open()
+async def test_is_a_session_and_items_come_back_exactly(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     session = ThreadlineSession("sdk-1", store)
     assert isinstance(session, Session)
     items = [user("weather in Paris?"), CALL, OUTPUT, REASONING, assistant("sunny, 21°C")]
@@ -84,7 +71,7 @@ async def test_is_a_session_and_items_come_back_exactly(spec: StoreSpec) -> None
     got[0]["content"] = "changed"  # the caller's copy, not the history
     assert (await session.get_items())[0] == items[0]
     # Another store object, as another process would see it.
-    again = ThreadlineSession("sdk-1", spec.open(), session_settings=SessionSettings(limit=3))
+    again = ThreadlineSession("sdk-1", store_spec.open(), session_settings=SessionSettings(limit=3))
     assert await again.get_items() == items[-3:]
     assert await again.get_items(limit=1) == items[-1:]
     # Mapped items read as threadline messages too.
@@ -100,21 +87,21 @@ async def test_is_a_session_and_items_come_back_exactly(spec: StoreSpec) -> None
     await close(store)
 
 
-async def test_pop_and_clear_keep_the_log(spec: StoreSpec) -> None:
-    store = spec.open()
+async def test_pop_and_clear_keep_the_log(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     session = ThreadlineSession("sdk-pop", store)
     assert await session.pop_item() is None
     await session.add_items([user("a"), assistant("b"), user("c")])
     assert await session.pop_item() == user("c")
     assert await session.get_items() == [user("a"), assistant("b")]
     await session.add_items([user("d")])
-    reopened = ThreadlineSession("sdk-pop", spec.open())
+    reopened = ThreadlineSession("sdk-pop", store_spec.open())
     assert await reopened.get_items() == [user("a"), assistant("b"), user("d")]
     await reopened.clear_session()
     assert await reopened.get_items() == []
     assert await session.get_items() == []  # the first object sees the clear too
     await session.add_items([user("e")])
-    assert await ThreadlineSession("sdk-pop", spec.open()).get_items() == [user("e")]
+    assert await ThreadlineSession("sdk-pop", store_spec.open()).get_items() == [user("e")]
     # Everything is still in the log: the popped "c" included.
     agent = await durable.open(None, store=store, session_id="sdk-pop", repair=False)
     stored = [e.data.item for e in agent.entries
@@ -170,9 +157,9 @@ async def test_a_call_without_output_is_never_answered_by_repair(tmp_path: Path)
 
 
 def test_s33_one_session_object_from_five_threads_with_their_own_loops(
-    spec: StoreSpec,
+    store_spec: StoreSpec,
 ) -> None:
-    session = ThreadlineSession("sdk-threads", spec.open())
+    session = ThreadlineSession("sdk-threads", store_spec.open())
     errors: list[BaseException] = []
 
     def worker(t: int) -> None:
@@ -206,19 +193,19 @@ asyncio.run(main())
 """
 
 
-def test_s32_five_threads_and_two_processes_add_at_once(shared_spec: StoreSpec) -> None:
-    spec = shared_spec
+def test_s32_five_threads_and_two_processes_add_at_once(shared_store_spec: StoreSpec) -> None:
+    store_spec = shared_store_spec
     async def body(store: Store, t: int) -> None:
         session = ThreadlineSession("sdk-many", store)
         for n in range(10):
             await session.add_items([user(f"t{t}-{n}")])
 
-    race(spec, body, threads=5, children=[
-        [sys.executable, "-c", CHILD_ADD.format(here=str(HERE)), f"p{p}", *spec.as_argv()]
+    race(store_spec, body, threads=5, children=[
+        [sys.executable, "-c", CHILD_ADD.format(here=str(HERE)), f"p{p}", *store_spec.as_argv()]
         for p in range(2)])
 
     async def read() -> list[Any]:
-        store = spec.open()
+        store = store_spec.open()
         items = await ThreadlineSession("sdk-many", store).get_items()
         await close(store)
         return items

@@ -25,18 +25,13 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from cli_helpers import tl
-from store_kinds import KINDS, StoreSpec, close, make_spec
+from store_kinds import StoreSpec, close
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.errors import AgentError
 from threadline.integrations.pydantic_ai import PydanticAIHistory
 from threadline.session import FileStore, MemoryStore
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(params=KINDS)
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
-    return make_spec(request.param, tmp_path, request)
 
 
 def weather_agent() -> Agent[None, str]:
@@ -53,15 +48,15 @@ def dumped(messages: list[ModelMessage]) -> bytes:
     return ModelMessagesTypeAdapter.dump_json(messages)
 
 
-async def test_history_round_trips_losslessly_on_every_store(spec: StoreSpec) -> None:
-    store = spec.open()
+async def test_history_round_trips_losslessly_on_every_store(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
     history = await PydanticAIHistory.open(store, "pai-1")
     agent = weather_agent()
     first = await agent.run("weather?", message_history=history.messages())
     await history.save(first.new_messages())
     second = await agent.run("again", message_history=history.messages())
     await history.save(second.new_messages())
-    again = await PydanticAIHistory.open(spec.open(), "pai-1")
+    again = await PydanticAIHistory.open(store_spec.open(), "pai-1")
     assert dumped(again.messages()) == dumped(second.all_messages())
     assert again.messages() == second.all_messages()
     # The readable messages: prompt, tool call, tool return, answer; then the second turn.
