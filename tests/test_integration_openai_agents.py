@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from store_kinds import (
 )
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
-from threadline.errors import AgentError
+from threadline.errors import AgentError, StoreError
 from threadline.integrations.openai_agents import ITEM_KIND, ThreadlineSession
 from threadline.session import CustomEntry, FileStore, MemoryStore, MessageEntry, Store
 from wire_server import WireServer, json_reply
@@ -316,3 +317,58 @@ async def test_resume_in_a_second_process_after_kill_9_between_turns(tmp_path: P
     items = await ThreadlineSession("run-kill", FileStore(tmp_path)).get_items()
     assert [i.get("content") for i in items if i.get("role") == "user"] == [
         "Weather in Paris?", "Which city?"]
+
+
+CHILD_FOREVER = """
+import asyncio, sys
+sys.path.insert(0, {here!r})
+from store_kinds import StoreSpec
+from threadline.integrations.openai_agents import ThreadlineSession
+
+async def main():
+    session = ThreadlineSession("sdk-cut", StoreSpec(*sys.argv[1:4]).open())
+    n = 0
+    while True:
+        await session.add_items([{{"role": "user", "content": f"{{n}}-a"}},
+                                 {{"role": "user", "content": f"{{n}}-b"}}])
+        print(n, flush=True)
+        n += 1
+
+asyncio.run(main())
+"""
+
+
+async def test_kill_9_in_the_middle_of_adds_leaves_whole_batches(
+    shared_store_spec: StoreSpec,
+) -> None:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD_FOREVER.format(here=str(HERE)),
+        *shared_store_spec.as_argv(), stdout=asyncio.subprocess.PIPE)
+    assert child.stdout is not None
+    acknowledged = -1
+    while acknowledged < 20:
+        acknowledged = int(await asyncio.wait_for(child.stdout.readline(), 120))
+    os.kill(child.pid, signal.SIGKILL)
+    await child.wait()
+    store = shared_store_spec.open()
+    items = await ThreadlineSession("sdk-cut", store).get_items()
+    texts = [i["content"] for i in items]
+    batches = len(texts) // 2
+    assert batches > acknowledged  # every acknowledged batch is there ...
+    assert texts == [f"{n}-{x}" for n in range(batches) for x in "ab"]  # ... and whole
+    await close(store)
+
+
+def test_from_url_owns_its_store_and_closes_from_another_loop(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 'sdk.db'}"
+    session = ThreadlineSession.from_url("sdk-url", url)
+    asyncio.run(session.add_items([user("hi")]))
+    assert asyncio.run(session.get_items()) == [user("hi")]
+    done = threading.Thread(target=asyncio.run, args=(session.close(),))
+    done.start()
+    done.join(30)
+    with pytest.raises(StoreError, match="closed"):
+        asyncio.run(session.get_items())
+    again = ThreadlineSession.from_url("sdk-url", url)
+    assert asyncio.run(again.get_items()) == [user("hi")]
+    asyncio.run(again.close())
