@@ -113,10 +113,14 @@ async def test_s31_failed_branch_writes_nothing_and_keeps_the_leaf() -> None:
 
 
 async def test_s31_branch_summary_reaches_the_model_only_when_set() -> None:
-    agent = await durable.open(None, store=MemoryStore(), session_id="s31-summary")
+    heard: list[object] = []
+    agent = await durable.open(None, store=MemoryStore(), session_id="s31-summary",
+                               publisher=heard.append)
     (first,) = await agent.append(UserMessage.of("a"))
     await agent.branch_to(first.id)
     assert len(agent.messages()) == 1
+    assert [type(e).__name__ for e in heard] == ["SessionCreated", "SessionBranched"]
+    assert heard[-1].to_id == first.id  # type: ignore[attr-defined]
     await agent.branch_to(first.id, summary="tried X, it failed")
     assert "tried X, it failed" in agent.messages()[-1].text  # type: ignore[union-attr]
 

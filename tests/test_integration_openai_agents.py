@@ -372,3 +372,17 @@ def test_from_url_owns_its_store_and_closes_from_another_loop(tmp_path: Path) ->
     again = ThreadlineSession.from_url("sdk-url", url)
     assert asyncio.run(again.get_items()) == [user("hi")]
     asyncio.run(again.close())
+
+
+async def test_a_fork_through_threadline_is_a_session_the_sdk_can_use() -> None:
+    store = MemoryStore()
+    session = ThreadlineSession("sdk-parent", store)
+    await session.add_items([user("a"), assistant("b"), user("dropped")])
+    await session.pop_item()
+    child = await (await session.agent()).fork("sdk-child")
+    assert child.session_id == "sdk-child"
+    forked = ThreadlineSession("sdk-child", store)
+    assert await forked.get_items() == [user("a"), assistant("b")]
+    await forked.add_items([user("only in the child")])
+    assert await session.get_items() == [user("a"), assistant("b")]
+    assert (await store.load_session("sdk-child")).parent_id == "sdk-parent"
