@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from store_kinds import StoreSpec
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -46,3 +51,19 @@ def pg_schema(pg_url: str) -> Iterator[str]:
     schema = f"tl_test_{secrets.token_hex(6)}"
     yield schema
     drop_schema(pg_url, schema)
+
+
+@pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
+    """Each built-in store in turn, as a spec any thread or process can open."""
+    from store_kinds import make_spec
+
+    return make_spec(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+def shared_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
+    """Each built-in store that other processes can open too."""
+    from store_kinds import make_spec
+
+    return make_spec(request.param, tmp_path, request)

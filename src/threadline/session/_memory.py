@@ -18,8 +18,13 @@ from collections.abc import Sequence
 from threadline.errors import SessionExists, SessionNotFound, StoreError
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage
-from threadline.session._storekit import check_record, check_session_id, page_records
+from threadline.session._store import EntryLog, SessionPage, chain_after
+from threadline.session._storekit import (
+    check_record,
+    check_session_id,
+    lines_after,
+    page_records,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -92,3 +97,34 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Nothing to release; the data stays readable until the object is dropped."""
+
+    # -- the linear capability (S32) ------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        check_session_id(session_id)
+        with self._lock:  # the last entry and the append, in one critical section
+            log = self._logs.get(session_id)
+            if log is None:
+                raise SessionNotFound(session_id, "memory store")
+            last = decode_entry(log[-1], session_id=session_id).id if log else None
+            chained = chain_after(entries, last)
+            lines = [encode_entry(e) for e in chained]
+            new_ids = {e.id for e in chained}
+            ids = self._ids[session_id]
+            if len(new_ids) < len(chained) or not ids.isdisjoint(new_ids):
+                raise StoreError(
+                    f"memory store: linear append to session {session_id!r} repeats an entry "
+                    f"id already in the session; nothing was appended", session_id=session_id)
+            log.extend(lines)
+            ids |= new_ids
+        return chained
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        check_session_id(session_id)
+        with self._lock:
+            lines = self._logs.get(session_id)
+            if lines is None:
+                raise SessionNotFound(session_id, "memory store")
+            lines = list(lines)
+        return lines_after(lines, entry_id, session_id, "memory store")
+

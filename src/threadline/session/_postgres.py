@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
@@ -44,7 +46,13 @@ from threadline.errors import (
 )
 from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    entry_not_found,
+)
 from threadline.session._storekit import (
     aware,
     check_limit,
@@ -128,6 +136,13 @@ _Q = {
     # second statement's fresh snapshot then sees every entry that append wrote.
     "delete_session": "DELETE FROM {s}.sessions WHERE session_id = %s",
     "delete_entries": "DELETE FROM {s}.entries WHERE session_id = %s",
+    # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
+    "lock_session": "SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR UPDATE",
+    "entry_at": "SELECT entry_id FROM {s}.entries WHERE session_id = %s AND seq = %s",
+    # The entry's own row first (so an empty result means it is not there), then those after it.
+    "after": "SELECT e.seq, e.data FROM {s}.entries e, {s}.entries a "
+             "WHERE a.session_id = %s AND a.entry_id = %s "
+             "AND e.session_id = a.session_id AND e.seq >= a.seq ORDER BY e.seq",
 }
 
 
@@ -188,20 +203,30 @@ class PostgresStore:
         elif isinstance(url_or_pool, str):
             self._owns_pool = True
             self._where = f"{redact(url_or_pool)}, schema {schema!r}"
-            self._pool = AsyncConnectionPool(
-                url_or_pool, open=False, min_size=min_size, max_size=max_size,
-                timeout=timeout,
-                kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
-                        "connect_timeout": max(1, round(connect_timeout))},
-            )
+            url = url_or_pool
+
+            def new_pool() -> AsyncConnectionPool[Any]:
+                return AsyncConnectionPool(
+                    url, open=False, min_size=min_size, max_size=max_size, timeout=timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
+                            "connect_timeout": max(1, round(connect_timeout))},
+                )
+
+            self._new_pool = new_pool
+            self._pool = new_pool()
         else:
             raise ConfigError(f"PostgresStore needs a URL or an AsyncConnectionPool, got "
                               f"{type(url_or_pool).__name__}")
         ident = sql.Identifier(schema)
         self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in _Q.items()}
         self._ready = False
-        self._ready_lock: asyncio.Lock | None = None
         self._closed = False
+        # A psycopg pool belongs to the event loop that opened it. A store
+        # that made its own pool makes one per loop it is used from (S33);
+        # the first loop gets ``self._pool``.
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
+            weakref.WeakKeyDictionary())
+        self._loops_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
@@ -219,27 +244,42 @@ class PostgresStore:
 
     # -- plumbing ---------------------------------------------------------------
 
+    def _here(self) -> _LoopPool:
+        """This event loop's pool (made on first use from the loop)."""
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            here = self._loops.get(loop)
+            if here is None:
+                if self._loops and not self._owns_pool:
+                    raise StoreError(
+                        f"{self._where}: the AsyncConnectionPool passed in belongs to another "
+                        f"event loop; pass a URL to have the store make a pool per loop")
+                pool = self._new_pool() if self._loops and self._owns_pool else self._pool
+                here = self._loops[loop] = _LoopPool(pool)
+        return here
+
     async def _start(self, session_id: str | None = None) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        if self._ready:
+        here = self._here()
+        if here.ready:
             return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:
-            if self._ready:
+        async with here.lock:
+            if here.ready:
                 return
             if self._url is not None:
                 await self._probe(self._url, session_id)
                 try:
-                    await self._pool.open(wait=True, timeout=self._connect_timeout)
+                    await here.pool.open(wait=True, timeout=self._connect_timeout)
                 except (PoolTimeout, psycopg.Error) as exc:
-                    await self._pool.close()
+                    await here.pool.close()
                     raise StoreError(f"{self._where}: cannot connect within "
                                      f"{self._connect_timeout:g}s: {exc}",
                                      session_id=session_id) from exc
-            await self._with_conn("migrating the schema", None, self._migrate)
-            self._ready = True
+            if not self._ready:
+                await self._with_conn("migrating the schema", None, self._migrate)
+                self._ready = True
+            here.ready = True
 
     async def _probe(self, url: str, session_id: str | None) -> None:
         try:
@@ -292,7 +332,7 @@ class PostgresStore:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed", session_id=session_id)
         try:
-            async with self._pool.connection() as conn:
+            async with self._here().pool.connection() as conn:
                 if conn.autocommit:
                     return await fn(conn)
                 # A pool the application passed in may hand out connections
@@ -345,12 +385,7 @@ class PostgresStore:
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        params = {
-            "sid": sid, "n": len(entries),
-            "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
-            "types": [entry_type(e) for e in entries],
-            "datas": [encode_entry(e) for e in entries],
-        }
+        params = _append_params(sid, entries)
 
         async def op(conn: Conn) -> int:
             try:
@@ -409,5 +444,86 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        if self._owns_pool:
+        if not self._owns_pool:
+            return
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            pools = list(self._loops.items())
+        if not pools:
             await self._pool.close()
+        for owner, here in pools:
+            if owner is loop:
+                await here.pool.close()
+            elif owner.is_running():
+                asyncio.run_coroutine_threadsafe(here.pool.close(), owner)
+            # A pool whose loop has ended has no workers left; its connections
+            # close when it is collected.
+
+    # -- the linear capability (S32) ----------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        sid = check_session_id(session_id)
+        if not entries:
+            await self.load_session(sid)
+            return []
+        stored: list[Entry] = list(entries)
+
+        async def op(conn: Conn) -> int:
+            async with conn.transaction():
+                # The session row's lock is the one every appender takes, so no
+                # append can land between reading the last entry and this one.
+                cur = await conn.execute(self._q["lock_session"], (sid,))
+                row = await cur.fetchone()
+                if row is None:
+                    raise SessionNotFound(sid, self._where)
+                # A statement of its own: its snapshot, taken after the lock
+                # was granted, sees the entries of the append that held it.
+                cur = await conn.execute(self._q["entry_at"], (sid, row[0]))
+                last = await cur.fetchone()
+                stored[:] = chain_after(entries, None if last is None else last[0])
+                try:
+                    cur = await conn.execute(self._q["append"], _append_params(sid, stored))
+                except psycopg.errors.UniqueViolation as exc:
+                    raise StoreError(f"{self._where}: linear append to session {sid!r} repeats "
+                                     f"an entry id already in the session: {exc}",
+                                     session_id=sid) from exc
+                return cur.rowcount
+
+        await self._run("append_linear", sid, op)
+        return stored
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        sid = check_session_id(session_id)
+
+        if entry_id is None:
+            return list(await self.load_entries(sid))
+
+        async def op(conn: Conn) -> list[tuple[Any, ...]]:
+            # One statement: the position and the rows after it come from one snapshot.
+            cur = await conn.execute(self._q["after"], (sid, entry_id), binary=True)
+            return await cur.fetchall()
+
+        rows = await self._run("load_entries_after", sid, op)
+        if not rows:
+            await self.load_session(sid)  # SessionNotFound if that is what it is
+            raise entry_not_found(sid, entry_id, self._where)
+        return list(decode_rows(rows[1:], sid, self._where + ","))
+
+
+class _LoopPool:
+    __slots__ = ("lock", "pool", "ready")
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+        self.lock = asyncio.Lock()  # made and used in the one loop this pool serves
+        self.ready = False
+
+
+def _append_params(sid: str, entries: Sequence[Entry]) -> dict[str, Any]:
+    return {
+        "sid": sid, "n": len(entries),
+        "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
+        "types": [entry_type(e) for e in entries],
+        "datas": [encode_entry(e) for e in entries],
+    }
+

@@ -50,7 +50,13 @@ from threadline.errors import (
 )
 from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    entry_not_found,
+)
 from threadline.session._storekit import (
     check_limit,
     check_record,
@@ -409,3 +415,81 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
+
+    # -- the linear capability (S32) ----------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        sid = check_session_id(session_id)
+        stored: list[Entry] = list(entries)
+
+        def body(conn: sqlite3.Connection) -> None:
+            # Inside BEGIN IMMEDIATE: the last entry cannot change before the insert.
+            row = conn.execute("SELECT id FROM entries WHERE session_id = ? "
+                               "ORDER BY seq DESC LIMIT 1", (sid,)).fetchone()
+            stored[:] = chain_after(entries, None if row is None else row[0])
+            self._insert_after_last(conn, sid, stored)
+
+        self._check_writable(sid)
+        if not entries:
+            await self.load_session(sid)
+            return []
+
+        def op(conn: sqlite3.Connection) -> None:
+            try:
+                self._write(conn, lambda: body(conn))
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"{self.path}: linear append to session {sid!r} repeats an "
+                                 f"entry id already in the session: {exc}",
+                                 session_id=sid) from exc
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "append_linear", sid, writing=True) from exc
+
+        await self._call(op)
+        return stored
+
+    def _insert_after_last(self, conn: sqlite3.Connection, sid: str,
+                           entries: Sequence[Entry]) -> None:
+        row = conn.execute(
+            "SELECT (SELECT 1 FROM sessions WHERE id = ?), "
+            "(SELECT max(seq) FROM entries WHERE session_id = ?)", (sid, sid)).fetchone()
+        if row[0] is None:
+            raise SessionNotFound(sid, self.path)
+        conn.executemany(
+            "INSERT INTO entries (session_id, seq, id, parent_id, type, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(sid, int(row[1] or 0) + n, e.id, e.parent_id, entry_type(e), encode_entry(e))
+             for n, e in enumerate(entries, 1)])
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        sid = check_session_id(session_id)
+        if entry_id is None:
+            return list(await self.load_entries(sid))
+
+        def op(conn: sqlite3.Connection) -> tuple[Any, list[tuple[Any, Any]]]:
+            try:
+                return self._retry_busy(lambda: self._read_after(conn, sid, entry_id))
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "load_entries_after", sid) from exc
+
+        seq, rows = await self._call(op)
+        if seq is None:
+            await self.load_session(sid)  # SessionNotFound if that is what it is
+            raise entry_not_found(sid, entry_id, self.path)
+        return list(decode_rows(rows, sid, self.path))
+
+    def _read_after(self, conn: sqlite3.Connection, sid: str,
+                    entry_id: str) -> tuple[Any, list[tuple[Any, Any]]]:
+        # One read transaction, so the position and the rows agree.
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute("SELECT seq FROM entries WHERE session_id = ? AND id = ?",
+                               (sid, entry_id)).fetchone()
+            if row is None:
+                return None, []
+            seq = row[0]
+            rows = conn.execute("SELECT seq, data FROM entries WHERE session_id = ? AND seq > ? "
+                                "ORDER BY seq", (sid, seq)).fetchall()
+            return seq, rows
+        finally:
+            conn.execute("COMMIT")
+

@@ -14,7 +14,13 @@ from typing import Any
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId
 from threadline.session._codec import decode_entry
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    decode_cursor,
+    encode_cursor,
+    entry_not_found,
+)
 
 __all__ = [
     "MAX_SESSION_ID_BYTES",
@@ -25,6 +31,7 @@ __all__ = [
     "decode_rows",
     "entry_type",
     "from_micros",
+    "lines_after",
     "page_fetched",
     "page_records",
     "page_sorted",
@@ -158,3 +165,22 @@ def decode_rows(rows: Iterable[tuple[Any, Any]], session_id: str, where: str) ->
                              session_id=session_id, path=row)
         log.append(decode_entry(data, session_id=session_id, path=row))
     return log
+
+
+def lines_after(lines: Sequence[bytes], entry_id: str | None, session_id: str,
+                where: str) -> list[Entry]:
+    """Decode the lines after the one holding ``entry_id`` (all for ``None``).
+
+    Walks back from the end, so the cost is that of the new lines only.
+    """
+    out: list[Entry] = []
+    for line in reversed(lines):
+        entry = decode_entry(line, session_id=session_id, path=where)
+        if entry.id == entry_id:
+            break
+        out.append(entry)
+    else:
+        if entry_id is not None:
+            raise entry_not_found(session_id, entry_id, where)
+    out.reverse()
+    return out
