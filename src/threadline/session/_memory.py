@@ -61,18 +61,23 @@ class MemoryStore:
         # the log untouched (all or nothing).
         check_session_id(session_id)
         lines = [encode_entry(entry) for entry in entries]
-        new_ids = {entry.id for entry in entries}
         with self._lock:
-            log = self._logs.get(session_id)
-            if log is None:
-                raise SessionNotFound(session_id, "memory store")
-            ids = self._ids[session_id]
-            if len(new_ids) < len(entries) or not ids.isdisjoint(new_ids):
-                raise StoreError(
-                    f"memory store: append to session {session_id!r} repeats an entry id "
-                    f"already in the session; nothing was appended", session_id=session_id)
-            log.extend(lines)
-            ids |= new_ids
+            self._extend(session_id, entries, lines, "append")
+
+    def _extend(self, session_id: str, entries: Sequence[Entry], lines: list[bytes],
+                what: str) -> None:
+        """Append the lines of ``entries`` unless an id repeats (call with ``_lock`` held)."""
+        log = self._logs.get(session_id)
+        if log is None:
+            raise SessionNotFound(session_id, "memory store")
+        new_ids = {entry.id for entry in entries}
+        ids = self._ids[session_id]
+        if len(new_ids) < len(entries) or not ids.isdisjoint(new_ids):
+            raise StoreError(
+                f"memory store: {what} to session {session_id!r} repeats an entry id "
+                f"already in the session; nothing was appended", session_id=session_id)
+        log.extend(lines)
+        ids |= new_ids
 
     async def load_session(self, session_id: str) -> SessionRecord:
         check_session_id(session_id)
@@ -108,15 +113,8 @@ class MemoryStore:
                 raise SessionNotFound(session_id, "memory store")
             last = decode_entry(log[-1], session_id=session_id).id if log else None
             chained = chain_after(entries, last)
-            lines = [encode_entry(e) for e in chained]
-            new_ids = {e.id for e in chained}
-            ids = self._ids[session_id]
-            if len(new_ids) < len(chained) or not ids.isdisjoint(new_ids):
-                raise StoreError(
-                    f"memory store: linear append to session {session_id!r} repeats an entry "
-                    f"id already in the session; nothing was appended", session_id=session_id)
-            log.extend(lines)
-            ids |= new_ids
+            self._extend(session_id, chained, [encode_entry(e) for e in chained],
+                         "linear append")
         return chained
 
     async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
