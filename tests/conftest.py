@@ -11,11 +11,16 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
 
 from pgbouncer import PgBouncer
+
+if TYPE_CHECKING:
+    from store_kinds import StoreSpec
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -77,3 +82,17 @@ def pgbouncer(pg_url: str) -> Iterator[PgBouncer]:
 @pytest.fixture(scope="session")
 def pgbouncer_url(pgbouncer: PgBouncer) -> str:
     return pgbouncer.url
+@pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
+    """Each built-in store in turn, as a spec any thread or process can open."""
+    from store_kinds import make_spec
+
+    return make_spec(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+def shared_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
+    """Each built-in store that other processes can open too."""
+    from store_kinds import make_spec
+
+    return make_spec(request.param, tmp_path, request)

@@ -404,7 +404,7 @@ async def test_s4_two_concurrent_runs_in_one_process(backend: Backend) -> None:
 
 TRANSCRIPT_STATE = {
     "_factory", "_store", "_session_id", "_tree", "_publisher", "_lock", "_run_task",
-    "_run_owner", "repaired", "diagnostics", "_compaction", "_approval",
+    "_run_owner", "repaired", "diagnostics", "_compaction", "_approval", "_synced_id",
 }
 
 

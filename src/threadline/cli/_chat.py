@@ -1,10 +1,11 @@
 """``chat`` and ``branch``: talk to a real model in a session.
 
-A branch in the library only moves an agent's leaf in memory, and a command
-ends with its process, so in the CLI a branch is where a chat continues:
-``chat SESSION --at ENTRY`` (or ``branch SESSION ENTRY``, the same thing)
-sends the next message after ENTRY, and what is appended grows a new branch
-from there. Nothing is written until that first message is.
+In the CLI a branch is where a chat continues: ``chat SESSION --at ENTRY``
+(or ``branch SESSION ENTRY``, the same thing) sends the next message after
+ENTRY, and what is appended grows a new branch from there; a reopen then
+continues from it, as from any last entry. Nothing is written until that
+first message is, so a chat left without a word leaves no trace (the
+library's ``branch_to`` would record the move itself, as a marker entry).
 
 A model failure is stored as an assistant message with ``stop_reason="error"``;
 chat prints its reason on stderr, and a run fed from a pipe stops there with

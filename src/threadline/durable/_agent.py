@@ -36,12 +36,20 @@ from threadline.durable._events import (
     StoredMessageEnd,
 )
 from threadline.durable._factory import Factory
+from threadline.durable._lock import AnyLoopLock
 from threadline.durable._repair import orphaned_results
-from threadline.durable._retry import append_retrying
-from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
+from threadline.durable._retry import append_linear_retrying, append_retrying
+from threadline.errors import (
+    AgentError,
+    ConfigError,
+    NoLoopError,
+    SessionExists,
+    SessionNotFound,
+)
 from threadline.session._codec import rechain_opaque
 from threadline.session._context import build_context
 from threadline.session._entries import (
+    BranchSummaryEntry,
     CompactionEntry,
     Entry,
     MessageEntry,
@@ -50,7 +58,7 @@ from threadline.session._entries import (
     utcnow,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import Store, WatchableStore
+from threadline.session._store import LinearStore, Store, WatchableStore
 from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
@@ -151,8 +159,11 @@ class DurableAgent:
         self._session_id = session_id
         self._tree = TreeIndex(entries, session_id=session_id)
         self._publisher = publisher
-        self._lock = asyncio.Lock()
+        # Any thread, any event loop (S33): an asyncio.Lock would bind to the first.
+        self._lock = AnyLoopLock()
         self._approval = approval
+        self._synced_id: str | None = entries[-1].id if entries else None
+        """The last entry known to be loaded in the store's own append order."""
         self._run_task: asyncio.Task[Any] | None = None
         """The task iterating the current run, if one is in progress."""
         self._run_owner: weakref.ref[Run] | None = None
@@ -249,6 +260,96 @@ class DurableAgent:
             [SessionBranched(session_id=self._session_id, from_id=before, to_id=entry_id)],
             None,
         )
+
+    async def branch_to(
+        self, entry_id: str | None, *then: Message | Entry, summary: str = "",
+        details: Any = None,
+    ) -> list[Entry]:
+        """Move the leaf to ``entry_id`` and record the move in the log (S31).
+
+        Appends a ``BranchSummaryEntry`` as a child of ``entry_id`` (a new root
+        for ``None``) naming the leaf it left, followed by ``then``, in one
+        ``append_entries`` call: the move and what follows it are stored
+        together or not at all. A reopen, in any process, continues from the
+        last entry written. The marker reaches the model only when ``summary``
+        is set. Publishes ``session_branched``; returns the entries as stored.
+        """
+        self._check_not_inside_run("branch")
+        if entry_id is not None:
+            self._tree.get(entry_id)  # EntryNotFound before anything is written
+        async with self._lock:
+            before = self._tree.leaf_id
+            marker = BranchSummaryEntry(parent_id=entry_id, from_id=before or "",
+                                        summary=summary, details=details)
+            self._tree.set_leaf(entry_id)
+            try:
+                written = await self._append([marker, *then])
+            except BaseException:
+                if self._tree.leaf_id == entry_id:
+                    self._tree.set_leaf(before)  # nothing stored: the leaf stays put
+                raise
+        self._publish(
+            [SessionBranched(session_id=self._session_id, from_id=before, to_id=entry_id)],
+            written,
+        )
+        return written
+
+    async def append_linear(self, *items: Message | Entry) -> list[Entry]:
+        """Append after the log's last entry, whoever wrote it (S32).
+
+        ``append`` grows the branch this agent has loaded, so two writers grow
+        siblings (S4). With a store that offers ``LinearStore``, this instead
+        chains the batch after the last entry in the store at the moment of the
+        write, atomically, so every writer's batch lands on one path. The agent
+        then ``refresh``-es, taking in what others appended; its leaf is the
+        last entry of the log. Returns this call's entries as stored.
+        """
+        store = self._linear_store("append_linear")
+        self._check_not_inside_run("append")
+        async with self._lock:
+            batch = _chained(items, self._tree.leaf_id)
+            if not batch:
+                return []
+            written = await append_linear_retrying(store, self._session_id, batch)
+            await self._refresh()
+        return written
+
+    async def refresh(self) -> list[Entry]:
+        """Take in the entries other agents and processes appended since the last load.
+
+        Only the new entries are read when the store offers ``LinearStore``
+        (otherwise the whole log is). If any arrived, the leaf moves to the
+        last of them, as a reopen would put it; if none did, it stays. Returns
+        the new entries in append order.
+        """
+        self._check_not_inside_run("refresh")
+        async with self._lock:
+            return await self._refresh()
+
+    async def _refresh(self) -> list[Entry]:
+        store = self._store
+        if isinstance(store, LinearStore):
+            loaded = await store.load_entries_after(self._session_id, self._synced_id)
+        else:
+            loaded = list(await store.load_entries(self._session_id))
+            ids = [e.id for e in loaded]
+            if self._synced_id in ids:
+                loaded = loaded[ids.index(self._synced_id) + 1:]
+        if not loaded:
+            return []
+        new = [e for e in loaded if e.id not in self._tree]
+        self._add(new)
+        self._synced_id = loaded[-1].id
+        self._tree.set_leaf(loaded[-1].id)
+        return new
+
+    def _linear_store(self, verb: str) -> LinearStore:
+        if not isinstance(self._store, LinearStore):
+            raise ConfigError(
+                f"{verb} on session {self._session_id!r} needs a store with append_linear and "
+                f"load_entries_after (LinearStore); {type(self._store).__name__} has not"
+            )
+        return self._store
 
     async def fork(self, session_id: str | None = None) -> DurableAgent:
         """Copy the active path into a new child session and return its agent (S10).
@@ -407,12 +508,7 @@ class DurableAgent:
     async def _append(
         self, items: Sequence[Message | Entry], *, shielded: bool = True
     ) -> list[Entry]:
-        parent = self._tree.leaf_id
-        batch: list[Entry] = []
-        for item in items:
-            entry = _to_entry(item, parent)
-            batch.append(entry)
-            parent = entry.id
+        batch = _chained(items, self._tree.leaf_id)
         if not batch:
             return []
         if not shielded:
@@ -709,6 +805,15 @@ def _to_entry(item: Message | Entry, parent: str | None) -> Entry:
     if isinstance(item, OpaqueEntry):
         return rechain_opaque(item, id=new_id(), parent_id=parent)
     return msgspec.structs.replace(item, id=new_id(), parent_id=parent, timestamp=utcnow())
+
+
+def _chained(items: Sequence[Message | Entry], parent: str | None) -> list[Entry]:
+    batch: list[Entry] = []
+    for item in items:
+        entry = _to_entry(item, parent)
+        batch.append(entry)
+        parent = entry.id
+    return batch
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

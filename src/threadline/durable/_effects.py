@@ -415,6 +415,7 @@ async def reload(agent: DurableAgent) -> None:
             leaf = entry.id
     tree.set_leaf(leaf)
     agent._tree = tree
+    agent._synced_id = entries[-1].id if entries else None  # what refresh reads after (S32)
 
 
 async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: str,

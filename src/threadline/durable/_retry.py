@@ -3,7 +3,9 @@
 ``StoreUnavailable`` means the outcome of the append is unknown: the entries
 may be stored with only the acknowledgement lost. Retrying the very same
 batch (same ids, same bytes) is safe because the store recognises a batch it
-already holds and stores it once (``check_retried_batch`` in ``session/_storekit.py``). So the agent
+already holds and stores it once (``check_retried_batch`` in ``session/_storekit.py``;
+for ``append_linear``, a batch stored as one run with its own bytes apart from
+the parent of its first entry, the ``LinearStore`` rule). So the agent
 retries a few times over about two seconds, and reports success only when a
 store call succeeded: a receipt is issued once, and only for stored entries.
 When the retries run out the error propagates; the entries may or may not be
@@ -14,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from threadline.errors import StoreUnavailable
 from threadline.session._entries import Entry
-from threadline.session._store import Store
+from threadline.session._store import LinearStore, Store
 
-__all__ = ["RETRY_DELAYS", "append_retrying"]
+__all__ = ["RETRY_DELAYS", "append_linear_retrying", "append_retrying"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("threadline.durable")
 
@@ -29,12 +34,22 @@ RETRY_DELAYS: tuple[float, ...] = (0.05, 0.15, 0.3, 0.5, 1.0)
 
 
 async def append_retrying(store: Store, session_id: str, batch: Sequence[Entry]) -> None:
+    await _retrying(lambda: store.append_entries(session_id, batch), session_id, len(batch))
+
+
+async def append_linear_retrying(store: LinearStore, session_id: str,
+                                 batch: Sequence[Entry]) -> list[Entry]:
+    """``append_linear`` retried like an append; returns the batch as stored."""
+    return await _retrying(lambda: store.append_linear(session_id, batch), session_id,
+                           len(batch))
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], session_id: str, count: int) -> T:
     for delay in RETRY_DELAYS:
         try:
-            await store.append_entries(session_id, batch)
-            return
+            return await call()
         except StoreUnavailable as exc:
             log.warning("session %r: append of %d entries failed, retrying the same batch in "
-                        "%gs: %s", session_id, len(batch), delay, exc)
+                        "%gs: %s", session_id, count, delay, exc)
             await asyncio.sleep(delay)
-    await store.append_entries(session_id, batch)
+    return await call()

@@ -22,7 +22,14 @@ from threadline.session._entries import (
 from threadline.session._file import FileStore
 from threadline.session._ids import new_id
 from threadline.session._memory import MemoryStore
-from threadline.session._store import CatalogStore, EntryLog, SessionPage, Store, WatchableStore
+from threadline.session._store import (
+    CatalogStore,
+    EntryLog,
+    LinearStore,
+    SessionPage,
+    Store,
+    WatchableStore,
+)
 from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
@@ -40,6 +47,7 @@ __all__ = [
     "Entry",
     "EntryLog",
     "FileStore",
+    "LinearStore",
     "MemoryStore",
     "MessageEntry",
     "OpaqueEntry",

@@ -105,7 +105,8 @@ def model_view(entry: Entry) -> Message | None:
     if isinstance(entry, CustomMessageEntry):
         return UserMessage(content=entry.content)
     if isinstance(entry, BranchSummaryEntry):
-        return UserMessage.of(BRANCH_SUMMARY_PREFIX + entry.summary)
+        # An empty summary only records where the conversation moved (S31).
+        return UserMessage.of(BRANCH_SUMMARY_PREFIX + entry.summary) if entry.summary else None
     return None
 
 

@@ -116,6 +116,7 @@ from threadline.errors import (
     ConfigError,
     CorruptLog,
     DurabilityError,
+    EntryNotFound,
     InvalidSessionId,
     SessionExists,
     SessionNotFound,
@@ -130,11 +131,12 @@ from threadline.session._entries import (
     SessionRecord,
     _decoding,
 )
-from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._store import EntryLog, SessionPage, chain_after, decode_cursor
 from threadline.session._storekit import (
     check_limit,
     check_record,
     check_session_id,
+    lines_after,
     page_sorted,
     sort_key,
 )
@@ -696,12 +698,15 @@ class FileStore:
         return _OpenLog(fd, st.st_dev, st.st_ino, path, known)
 
     def _write(self, session_id: str, log: _OpenLog | None,
-               batches: Sequence[_Batch]) -> _OpenLog:
+               batches: Sequence[_Batch] | Callable[[_OpenLog, int], Sequence[_Batch]]
+               ) -> _OpenLog:
         """Append the batches under the file lock; return the file, still open.
 
         A batch repeating an id already in the file (or in an earlier batch of
         the group) is left out and marked ``refused``. ``log`` is a file this
-        store opened before, or None. On error it is closed.
+        store opened before, or None. On error it is closed. ``batches`` may be
+        a function of the locked file and its size, which makes what is written
+        depend on what is there (``append_linear``).
         """
         try:
             self._check_writable(session_id)
@@ -718,6 +723,8 @@ class FileStore:
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
+            if callable(batches):
+                batches = batches(log, size)
             data = self._admit(log, size, batches, session_id)
             if data:
                 end = self._append_locked(log.fd, size, data, path, session_id)
@@ -875,9 +882,12 @@ class FileStore:
         known = _KnownIds()
         known.ids = dict.fromkeys((e.id for e in entries), _UNPLACED)
         known.size = size
+        self._keep_ids(session_id, st.st_dev, st.st_ino, known)
+
+    def _keep_ids(self, session_id: str, dev: int, ino: int, known: _KnownIds) -> None:
         with self._lock:
             self._loaded_ids.pop(session_id, None)
-            self._loaded_ids[session_id] = (st.st_dev, st.st_ino, known)
+            self._loaded_ids[session_id] = (dev, ino, known)
             if len(self._loaded_ids) > _MAX_LOADED_IDS:
                 del self._loaded_ids[next(iter(self._loaded_ids))]
 
@@ -1019,6 +1029,125 @@ class FileStore:
                    for n, line in enumerate(lines)]
         used = sum(len(line) + 1 for line in lines)
         return entries, _WatchPosition(at.offset + used, at.line + len(lines))
+
+
+    # -- the linear capability (S32) ------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        check_session_id(session_id)
+        self._check_writable(session_id)
+        stored: list[Entry] = list(entries)
+        ids = [e.id for e in entries]
+        if len(set(ids)) < len(ids):
+            raise _repeats(session_id, self.path_for(session_id), "within the batch")
+        batch = _Batch(b"", ids)
+
+        def chained(log: _OpenLog, size: int) -> list[_Batch]:
+            # Called with the exclusive lock held: no writer can slip in
+            # between reading the last entry and appending after it. A retry
+            # (S25) keeps the parent its first entry was stored with, so that
+            # _admit finds the stored bytes and stores nothing.
+            parent: str | None = None
+            line = _line_of(log, size, ids[0])
+            try:
+                first = None if line is None else decode_entry(
+                    line, session_id=session_id, path=str(log.path))
+            except CorruptLog:
+                first = None  # no stored copy to retry: _admit refuses the batch
+            if first is not None:
+                parent = first.parent_id
+            else:
+                line = _last_line(log.fd, size)
+                parent = None if line is None else decode_entry(
+                    line, session_id=session_id, path=str(log.path)).id
+            stored[:] = chain_after(entries, parent)
+            batch.data = encode_entries(stored)
+            return [batch]
+
+        def write() -> None:
+            # A descriptor of its own: its flock excludes this store's cached
+            # one as it excludes other processes. Its ids (the duplicate-id
+            # rule's, now with this batch's) are kept for the next open.
+            log = self._write(session_id, None, chained)
+            os.close(log.fd)
+            self._keep_ids(session_id, log.dev, log.ino, log.known)
+            if batch.refused is not None:
+                raise batch.refused
+
+        if entries:
+            await self._thread("append to", session_id, write)
+        else:
+            await self.load_session(session_id)
+        return stored
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        if entry_id is None:
+            return await self.load_entries(session_id)
+        return await self._thread("load", session_id, self._load_after, session_id, entry_id)
+
+    def _load_after(self, session_id: str, entry_id: str) -> list[Entry]:
+        # Read back from the end, a growing chunk at a time, until the line of
+        # ``entry_id`` is in view: the cost follows what is new, not the log.
+        fd, path = self._open(session_id, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            self._read_record(fd, session_id, path)
+            size = os.fstat(fd).st_size
+            needle = b'"id":' + msgspec.json.encode(entry_id)
+            chunk = 1 << 16
+            while True:
+                start = max(0, size - chunk)
+                data = os.pread(fd, size - start, start)
+                lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+                lines = lines[1:]  # cut by the chunk's start, or the session_init line
+                if start == 0 or any(needle in line for line in lines):
+                    try:
+                        return lines_after(lines, entry_id, session_id, str(path))
+                    except EntryNotFound:
+                        if start == 0:
+                            raise
+                        # The id was only mentioned in a later entry: look further back.
+                chunk *= 4
+        finally:
+            os.close(fd)
+
+
+def _line_of(log: _OpenLog, size: int, entry_id: str) -> bytes | None:
+    """The stored line of ``entry_id`` (call under the lock), or None if it has none."""
+    known = log.known
+    known.catch_up(log.fd, size)
+    if known.ids.get(entry_id, _UNPLACED) == _UNPLACED and entry_id in known.ids:
+        known.place(log.fd)
+    start = known.ids.get(entry_id, _UNPLACED)
+    if start == _UNPLACED:
+        return None
+    chunk = 1 << 16
+    while True:
+        data = os.pread(log.fd, chunk, start)
+        end = data.find(b"\n")
+        if end >= 0:
+            return data[:end]
+        if len(data) < chunk:
+            return None
+        chunk *= 4
+
+
+def _last_line(fd: int, size: int) -> bytes | None:
+    """The last complete entry line of the file (a torn tail skipped), or None."""
+    chunk = 1 << 16
+    while True:
+        start = max(0, size - chunk)
+        data = os.pread(fd, size - start, start)
+        end = data.rfind(b"\n")
+        if end >= 0:
+            begin = data.rfind(b"\n", 0, end) + 1
+            if begin > 0:
+                return data[begin:end]
+            if start == 0:
+                return None  # only the session_init line
+        if start == 0:
+            return None
+        chunk *= 4
 
 
 class _WatchPosition(NamedTuple):

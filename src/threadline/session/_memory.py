@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Sequence
 from threadline.errors import SessionExists, SessionNotFound
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage
+from threadline.session._store import EntryLog, SessionPage, chain_after
 from threadline.session._storekit import (
     check_record,
     check_retried_batch,
     check_session_id,
+    lines_after,
     page_records,
 )
 from threadline.session._watch import Wakeups, follow, unknown_after
@@ -127,4 +128,41 @@ class MemoryStore:
                     position + len(lines))
 
         return follow(session_id, start, read, self._wakeups, None)
+    # -- the linear capability (S32) ------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        check_session_id(session_id)
+        with self._lock:  # the last entry and the append, in one critical section
+            log = self._logs.get(session_id)
+            if log is None:
+                raise SessionNotFound(session_id, "memory store")
+            ids = self._ids[session_id]
+            if not entries:
+                return []
+            at = ids.get(entries[0].id)
+            # A retry (S25) keeps the parent its first entry was stored with.
+            parent = (decode_entry(log[at], session_id=session_id).parent_id if at is not None
+                      else decode_entry(log[-1], session_id=session_id).id if log else None)
+            chained = chain_after(entries, parent)
+            lines = [encode_entry(e) for e in chained]
+            new_ids = {entry.id for entry in chained}
+            if len(new_ids) < len(chained) or not ids.keys().isdisjoint(new_ids):
+                stored = {i: (ids[i], log[ids[i]]) for i in new_ids if i in ids}
+                check_retried_batch(session_id, [(e.id, line) for e, line in
+                                                 zip(chained, lines, strict=True)],
+                                    stored, "memory store")
+                return chained  # S25: this batch is already stored
+            ids.update((entry.id, len(log) + n) for n, entry in enumerate(chained))
+            log.extend(lines)
+        self._wakeups.ring(session_id)
+        return chained
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        check_session_id(session_id)
+        with self._lock:
+            lines = self._logs.get(session_id)
+            if lines is None:
+                raise SessionNotFound(session_id, "memory store")
+            lines = list(lines)
+        return lines_after(lines, entry_id, session_id, "memory store")
 

@@ -32,6 +32,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
@@ -47,7 +49,13 @@ from threadline.errors import (
 )
 from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    entry_not_found,
+)
 from threadline.session._storekit import (
     aware,
     check_limit,
@@ -155,6 +163,14 @@ _Q = {
                   "ORDER BY seq LIMIT 1000",
     "stored_batch": "SELECT entry_id, seq, data FROM {s}.entries "
                     "WHERE session_id = %s AND entry_id = ANY(%s::text[])",
+    # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
+    "lock_session": "SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR UPDATE",
+    "entry_at": "SELECT entry_id FROM {s}.entries WHERE session_id = %s AND seq = %s",
+    "parent_of": "SELECT parent_id FROM {s}.entries WHERE session_id = %s AND entry_id = %s",
+    # The entry's own row first (so an empty result means it is not there), then those after it.
+    "after": "SELECT e.seq, e.data FROM {s}.entries e, {s}.entries a "
+             "WHERE a.session_id = %s AND a.entry_id = %s "
+             "AND e.session_id = a.session_id AND e.seq >= a.seq ORDER BY e.seq",
 }
 
 
@@ -228,27 +244,34 @@ class PostgresStore:
         elif isinstance(url_or_pool, str):
             self._owns_pool = True
             self._where = f"{redact(url_or_pool)}, schema {schema!r}"
-            self._pool = AsyncConnectionPool(
-                url_or_pool, open=False, min_size=min_size, max_size=max_size,
-                timeout=timeout,
-                kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
-                        "connect_timeout": max(1, round(connect_timeout))},
-            )
+            url = url_or_pool
+
+            def new_pool() -> AsyncConnectionPool[Any]:
+                return AsyncConnectionPool(
+                    url, open=False, min_size=min_size, max_size=max_size, timeout=timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
+                            "connect_timeout": max(1, round(connect_timeout))},
+                )
+
+            self._new_pool = new_pool
+            self._pool = new_pool()
         else:
             raise ConfigError(f"PostgresStore needs a URL or an AsyncConnectionPool, got "
                               f"{type(url_or_pool).__name__}")
         ident = sql.Identifier(schema)
         self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in _Q.items()}
         self._ready = False
-        self._ready_lock: asyncio.Lock | None = None
         self._closed = False
-        self._down = False
-        """A connection failed: probe the server before trusting the pool again."""
         conninfo = url_or_pool if isinstance(url_or_pool, str) else self._pool.conninfo
         self._listen_url = listen_url or (conninfo if isinstance(conninfo, str) else None)
         self._channel = "threadline_" + hashlib.md5(schema.encode()).hexdigest()[:16]
         self._wakeups = Wakeups()
-        self._listener: asyncio.Task[None] | None = None
+        # A psycopg pool belongs to the event loop that opened it. A store
+        # that made its own pool makes one per loop it is used from (S33);
+        # the first loop gets ``self._pool``.
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
+            weakref.WeakKeyDictionary())
+        self._loops_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
@@ -266,25 +289,40 @@ class PostgresStore:
 
     # -- plumbing ---------------------------------------------------------------
 
+    def _here(self) -> _LoopPool:
+        """This event loop's pool (made on first use from the loop)."""
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            here = self._loops.get(loop)
+            if here is None:
+                if self._loops and not self._owns_pool:
+                    raise StoreError(
+                        f"{self._where}: the AsyncConnectionPool passed in belongs to another "
+                        f"event loop; pass a URL to have the store make a pool per loop")
+                pool = self._new_pool() if self._loops and self._owns_pool else self._pool
+                here = self._loops[loop] = _LoopPool(pool)
+        return here
+
     async def _start(self, session_id: str | None = None) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        if self._ready:
+        here = self._here()
+        if here.ready:
             return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:
-            if self._ready:
+        async with here.lock:
+            if here.ready:
                 return
             if self._owns_pool:
                 # One direct connection first: with the server down it fails
                 # within connect_timeout with the server's own reason and
                 # leaves the pool unopened, to be tried again by the next call.
                 # (A pool whose first wait times out closes itself for good.)
-                await self._probe("connecting", session_id, check_schema=not self._create)
-                await self._pool.open()
-            await self._with_conn("migrating the schema", None, self._migrate)
-            self._ready = True
+                await self._probe("connecting", session_id, here, check_schema=not self._create)
+                await here.pool.open()
+            if not self._ready:  # once per store, whichever loop comes first
+                await self._with_conn("migrating the schema", None, self._migrate)
+                self._ready = True
+            here.ready = True
 
     async def _migrate(self, conn: Conn) -> None:
         ident = sql.Identifier(self.schema)
@@ -316,10 +354,11 @@ class PostgresStore:
                          fn: Callable[[Conn], Awaitable[T]]) -> T:
         if self._closed:
             raise StoreError(f"{self._where}: store is closed", session_id=session_id)
-        if self._down:
-            await self._probe(what, session_id)
+        here = self._here()
+        if here.down:
+            await self._probe(what, session_id, here)
         try:
-            async with self._pool.connection() as conn:
+            async with here.pool.connection() as conn:
                 if conn.autocommit:
                     return await fn(conn)
                 # A pool the application passed in may hand out connections
@@ -333,7 +372,7 @@ class PostgresStore:
             # A lost connection (sqlstate None, class 08, or the server shutting
             # down) may hide more dead ones in the pool.
             if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P")):
-                self._down = True
+                here.down = True
             sess = f" (session {session_id!r})" if session_id else ""
             raise StoreUnavailable(f"{self._where}: {what}{sess} failed; the outcome of a "
                                    f"write is unknown, retrying is safe: "
@@ -343,7 +382,7 @@ class PostgresStore:
             raise StoreError(f"{self._where}: {what}{sess} failed: "
                              f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
 
-    async def _probe(self, what: str, session_id: str | None, *,
+    async def _probe(self, what: str, session_id: str | None, here: _LoopPool, *,
                      check_schema: bool = False) -> None:
         """Fail fast while the server is down; once it answers, renew the pool.
 
@@ -352,9 +391,9 @@ class PostgresStore:
         and says why (wrong host, database or password). ``check_schema``
         (``create=False``) also requires the store's tables to exist.
         """
-        conninfo, kwargs = self._pool.conninfo, self._pool.kwargs or {}
+        conninfo, kwargs = here.pool.conninfo, here.pool.kwargs or {}
         if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
-            self._down = False  # computed per connection: only the pool can try
+            here.down = False  # computed per connection: only the pool can try
             return
         kwargs = {**kwargs, "autocommit": True,
                   "connect_timeout": max(1, round(self._connect_timeout))}
@@ -375,9 +414,9 @@ class PostgresStore:
                     raise StoreError(f"no threadline store in {self._where}: "
                                      f"the schema or its tables do not exist",
                                      session_id=session_id)
-        self._down = False
-        if not self._pool.closed:
-            await self._pool.check()  # drop the pooled connections that died
+        here.down = False
+        if not here.pool.closed:
+            await here.pool.check()  # drop the pooled connections that died
 
     async def _run(self, what: str, session_id: str | None,
                    fn: Callable[[Conn], Awaitable[T]]) -> T:
@@ -417,12 +456,8 @@ class PostgresStore:
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        ids, datas = [e.id for e in entries], [encode_entry(e) for e in entries]
-        params = {
-            "sid": sid, "n": len(entries), "ids": ids,
-            "parents": [e.parent_id for e in entries],
-            "types": [entry_type(e) for e in entries], "datas": datas,
-        }
+        params = _append_params(sid, entries)
+        ids, datas = params["ids"], params["datas"]
 
         async def op(conn: Conn) -> int:
             try:
@@ -492,12 +527,29 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-        if self._owns_pool:
+        loop = asyncio.get_running_loop()
+        with self._loops_guard:
+            pools = list(self._loops.items())
+        for owner, here in pools:  # every loop's LISTEN connection (watch)
+            if here.listener is None:
+                continue
+            if owner is loop:
+                here.listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await here.listener
+            elif owner.is_running():
+                owner.call_soon_threadsafe(here.listener.cancel)
+        if not self._owns_pool:
+            return
+        if not pools:
             await self._pool.close()
+        for owner, here in pools:
+            if owner is loop:
+                await here.pool.close()
+            elif owner.is_running():
+                asyncio.run_coroutine_threadsafe(here.pool.close(), owner)
+            # A pool whose loop has ended has no workers left; its connections
+            # close when it is collected.
 
     watch_interval: float = 1.0
     """Seconds between reads of a watched session when no notification came.
@@ -518,9 +570,10 @@ class PostgresStore:
         sid = check_session_id(session_id)
 
         async def start() -> int:
-            if self._listen_url is not None and (self._listener is None
-                                                 or self._listener.done()):
-                self._listener = asyncio.create_task(self._listen(self._listen_url))
+            here = self._here()
+            if self._listen_url is not None and (here.listener is None
+                                                 or here.listener.done()):
+                here.listener = asyncio.create_task(self._listen(self._listen_url))
 
             async def op(conn: Conn) -> tuple[Any, ...] | None:
                 cur = await conn.execute(self._q["watch_start"], {"sid": sid, "after": after})
@@ -567,4 +620,82 @@ class PostgresStore:
                 log.debug("%s: LISTEN connection lost, reconnecting: %s", self._where, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    # -- the linear capability (S32) ----------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        sid = check_session_id(session_id)
+        if not entries:
+            await self.load_session(sid)
+            return []
+        stored: list[Entry] = list(entries)
+
+        async def op(conn: Conn) -> int:
+            async with conn.transaction():
+                # The session row's lock is the one every appender takes, so no
+                # append can land between reading the last entry and this one.
+                cur = await conn.execute(self._q["lock_session"], (sid,))
+                row = await cur.fetchone()
+                if row is None:
+                    raise SessionNotFound(sid, self._where)
+                # A statement of its own: its snapshot, taken after the lock
+                # was granted, sees the entries of the append that held it.
+                # A retry (S25) keeps the parent its first entry was stored with.
+                cur = await conn.execute(self._q["parent_of"], (sid, entries[0].id))
+                last = await cur.fetchone()
+                if last is None:
+                    cur = await conn.execute(self._q["entry_at"], (sid, row[0]))
+                    last = await cur.fetchone()
+                stored[:] = chain_after(entries, None if last is None else last[0])
+                try:
+                    cur = await conn.execute(self._q["append"], _append_params(sid, stored))
+                except psycopg.errors.UniqueViolation as exc:
+                    raise _Repeated() from exc
+                return cur.rowcount
+
+        try:
+            await self._run("append_linear", sid, op)
+        except _Repeated:
+            await self._check_retried(sid, [e.id for e in stored],
+                                      [encode_entry(e) for e in stored])
+        return stored
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        sid = check_session_id(session_id)
+
+        if entry_id is None:
+            return list(await self.load_entries(sid))
+
+        async def op(conn: Conn) -> list[tuple[Any, ...]]:
+            # One statement: the position and the rows after it come from one snapshot.
+            cur = await conn.execute(self._q["after"], (sid, entry_id), binary=True)
+            return await cur.fetchall()
+
+        rows = await self._run("load_entries_after", sid, op)
+        if not rows:
+            await self.load_session(sid)  # SessionNotFound if that is what it is
+            raise entry_not_found(sid, entry_id, self._where)
+        return list(decode_rows(rows[1:], sid, self._where + ","))
+
+
+class _LoopPool:
+    __slots__ = ("down", "listener", "lock", "pool", "ready")
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+        self.lock = asyncio.Lock()  # made and used in the one loop this pool serves
+        self.ready = False
+        self.down = False
+        """A connection failed: probe the server before trusting this pool again."""
+        self.listener: asyncio.Task[None] | None = None
+        """This loop's LISTEN connection task (watch), if one was started."""
+
+
+def _append_params(sid: str, entries: Sequence[Entry]) -> dict[str, Any]:
+    return {
+        "sid": sid, "n": len(entries),
+        "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
+        "types": [entry_type(e) for e in entries],
+        "datas": [encode_entry(e) for e in entries],
+    }
 

@@ -50,7 +50,13 @@ from threadline.errors import (
 )
 from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    chain_after,
+    decode_cursor,
+    entry_not_found,
+)
 from threadline.session._storekit import (
     check_limit,
     check_record,
@@ -334,15 +340,8 @@ class SQLiteStore:
                 pass  # an id already stored: a retry of a stored append, or a conflict
             except sqlite3.Error as exc:
                 raise self._translate(exc, "append_entries", sid, writing=True) from exc
-            marks = ",".join("?" * len(rows))
-            try:
-                stored = self._retry_busy(lambda: conn.execute(
-                    f"SELECT id, seq, data FROM entries WHERE session_id = ? "
-                    f"AND id IN ({marks})", (sid, *(r[0] for r in rows))).fetchall())
-            except sqlite3.Error as exc:
-                raise self._translate(exc, "append_entries", sid) from exc
-            check_retried_batch(sid, [(r[0], r[3]) for r in rows],
-                                {i: (seq, data) for i, seq, data in stored}, str(self.path))
+            self._refuse_unless_stored(conn, sid, [(r[0], r[3]) for r in rows],
+                                       "append_entries")
 
         if rows:
             await self._call(op)
@@ -462,4 +461,99 @@ class SQLiteStore:
         return follow(sid, lambda: call(start),
                       lambda position: call(lambda conn: read(conn, position)),
                       self._wakeups, self.watch_interval)
+    # -- the linear capability (S32) ----------------------------------------------
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        sid = check_session_id(session_id)
+        stored: list[Entry] = list(entries)
+
+        def body(conn: sqlite3.Connection) -> None:
+            # Inside BEGIN IMMEDIATE: the last entry cannot change before the insert.
+            # A retry (S25) keeps the parent its first entry was stored with.
+            row = conn.execute("SELECT parent_id FROM entries WHERE session_id = ? AND id = ?",
+                               (sid, entries[0].id)).fetchone()
+            if row is None:
+                row = conn.execute("SELECT id FROM entries WHERE session_id = ? "
+                                   "ORDER BY seq DESC LIMIT 1", (sid,)).fetchone()
+            stored[:] = chain_after(entries, None if row is None else row[0])
+            self._insert_after_last(conn, sid, stored)
+
+        self._check_writable(sid)
+        if not entries:
+            await self.load_session(sid)
+            return []
+
+        def op(conn: sqlite3.Connection) -> None:
+            try:
+                self._write(conn, lambda: body(conn))
+                return
+            except sqlite3.IntegrityError:
+                pass  # an id already stored: a retry of a stored append, or a conflict
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "append_linear", sid, writing=True) from exc
+            self._refuse_unless_stored(conn, sid, [(e.id, encode_entry(e)) for e in stored],
+                                       "append_linear")
+
+        await self._call(op)
+        self._wakeups.ring(sid)
+        return stored
+
+    def _refuse_unless_stored(self, conn: sqlite3.Connection, sid: str,
+                              batch: list[tuple[str, bytes]], what: str) -> None:
+        """Return if ``batch`` (id, bytes) is stored already as one run (S25); else refuse it."""
+        marks = ",".join("?" * len(batch))
+        try:
+            stored = self._retry_busy(lambda: conn.execute(
+                f"SELECT id, seq, data FROM entries WHERE session_id = ? "
+                f"AND id IN ({marks})", (sid, *(i for i, _ in batch))).fetchall())
+        except sqlite3.Error as exc:
+            raise self._translate(exc, what, sid) from exc
+        check_retried_batch(sid, batch, {i: (seq, data) for i, seq, data in stored},
+                            str(self.path))
+
+    def _insert_after_last(self, conn: sqlite3.Connection, sid: str,
+                           entries: Sequence[Entry]) -> None:
+        row = conn.execute(
+            "SELECT (SELECT 1 FROM sessions WHERE id = ?), "
+            "(SELECT max(seq) FROM entries WHERE session_id = ?)", (sid, sid)).fetchone()
+        if row[0] is None:
+            raise SessionNotFound(sid, self.path)
+        conn.executemany(
+            "INSERT INTO entries (session_id, seq, id, parent_id, type, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(sid, int(row[1] or 0) + n, e.id, e.parent_id, entry_type(e), encode_entry(e))
+             for n, e in enumerate(entries, 1)])
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        sid = check_session_id(session_id)
+        if entry_id is None:
+            return list(await self.load_entries(sid))
+
+        def op(conn: sqlite3.Connection) -> tuple[Any, list[tuple[Any, Any]]]:
+            try:
+                return self._retry_busy(lambda: self._read_after(conn, sid, entry_id))
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "load_entries_after", sid) from exc
+
+        seq, rows = await self._call(op)
+        if seq is None:
+            await self.load_session(sid)  # SessionNotFound if that is what it is
+            raise entry_not_found(sid, entry_id, self.path)
+        return list(decode_rows(rows, sid, self.path))
+
+    def _read_after(self, conn: sqlite3.Connection, sid: str,
+                    entry_id: str) -> tuple[Any, list[tuple[Any, Any]]]:
+        # One read transaction, so the position and the rows agree.
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute("SELECT seq FROM entries WHERE session_id = ? AND id = ?",
+                               (sid, entry_id)).fetchone()
+            if row is None:
+                return None, []
+            seq = row[0]
+            rows = conn.execute("SELECT seq, data FROM entries WHERE session_id = ? AND seq > ? "
+                                "ORDER BY seq", (sid, seq)).fetchall()
+            return seq, rows
+        finally:
+            conn.execute("COMMIT")
 

@@ -11,15 +11,17 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from threadline.errors import ConfigError, CorruptLog
-from threadline.session._entries import Entry, SessionRecord
+from threadline.errors import ConfigError, CorruptLog, EntryNotFound
+from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 
 __all__ = [
     "CatalogStore",
     "EntryLog",
+    "LinearStore",
     "SessionPage",
     "Store",
     "WatchableStore",
+    "chain_after",
     "decode_cursor",
     "encode_cursor",
 ]
@@ -149,6 +151,57 @@ class CatalogStore(Store, Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LinearStore(Store, Protocol):
+    """An optional capability: several writers, one linear history (S32).
+
+    ``append_entries`` keeps the parents it is given, so two writers that
+    loaded the same leaf grow sibling branches (S4). ``append_linear`` instead
+    chains the batch after whatever entry is last in the log when the write
+    happens: the check and the write are one atomic step (under the file lock,
+    in the transaction), so concurrent batches from any number of processes
+    land one after another on a single path.
+
+    Repeats follow S25, adapted to the re-chaining: a batch whose entry ids
+    are all stored already, as one run, with the batch's own bytes apart from
+    the parent of its first entry, is a retry whose acknowledgement was lost;
+    the call succeeds, stores nothing and returns the batch as it was stored.
+    Any other batch repeating a stored id, or holding one id twice, is refused
+    whole with ``StoreError``. So the durable agent retries ``append_linear``
+    after ``StoreUnavailable`` as it retries ``append_entries``.
+    """
+
+    async def append_linear(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        """Append ``entries`` (already chained among themselves) after the log's
+        last entry; return them as stored, the first re-parented. Raises
+        ``SessionNotFound``."""
+        ...
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        """The entries appended after ``entry_id`` (all of them for ``None``), in
+        append order. Raises ``EntryNotFound`` if ``entry_id`` is not in the log."""
+        ...
+
+
+def chain_after(entries: Sequence[Entry], parent_id: str | None) -> list[Entry]:
+    """``entries`` with the first one re-parented onto ``parent_id``."""
+    if not entries or entries[0].parent_id == parent_id:
+        return list(entries)
+    first = entries[0]
+    if isinstance(first, OpaqueEntry):
+        obj = msgspec.json.decode(first.raw)
+        obj["parent_id"] = parent_id
+        moved: Entry = OpaqueEntry(type=first.type, id=first.id, parent_id=parent_id,
+                                   timestamp=first.timestamp, raw=msgspec.json.encode(obj))
+    else:
+        moved = msgspec.structs.replace(first, parent_id=parent_id)
+    return [moved, *entries[1:]]
+
+
+def entry_not_found(session_id: str, entry_id: str, where: str) -> EntryNotFound:
+    return EntryNotFound(f"{where}: entry {entry_id!r} is not in session {session_id!r}")
 
 
 class _Cursor(msgspec.Struct, array_like=True):

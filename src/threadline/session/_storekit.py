@@ -14,7 +14,13 @@ from typing import Any
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session._codec import decode_entry
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
-from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
+from threadline.session._store import (
+    EntryLog,
+    SessionPage,
+    decode_cursor,
+    encode_cursor,
+    entry_not_found,
+)
 
 __all__ = [
     "MAX_SESSION_ID_BYTES",
@@ -26,6 +32,7 @@ __all__ = [
     "decode_rows",
     "entry_type",
     "from_micros",
+    "lines_after",
     "page_fetched",
     "page_records",
     "page_sorted",
@@ -192,3 +199,21 @@ def _conflict(batch: Sequence[tuple[str, bytes]], stored: Mapping[str, tuple[int
         if position != first + offset:
             return f"entry {entry_id!r} is stored out of the batch's order"
     return ""
+
+def lines_after(lines: Sequence[bytes], entry_id: str | None, session_id: str,
+                where: str) -> list[Entry]:
+    """Decode the lines after the one holding ``entry_id`` (all for ``None``).
+
+    Walks back from the end, so the cost is that of the new lines only.
+    """
+    out: list[Entry] = []
+    for line in reversed(lines):
+        entry = decode_entry(line, session_id=session_id, path=where)
+        if entry.id == entry_id:
+            break
+        out.append(entry)
+    else:
+        if entry_id is not None:
+            raise entry_not_found(session_id, entry_id, where)
+    out.reverse()
+    return out

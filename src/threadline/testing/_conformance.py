@@ -54,7 +54,8 @@ hook the store lacks skip, naming the hook):
   watchers follow (10,000). The S26 tests run when the store has ``watch``.
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
-``delete_session``) are tested only when the store has them. To skip a test
+``delete_session``, and the ``LinearStore`` pair ``append_linear`` and
+``load_entries_after``) are tested only when the store has them. To skip a test
 that cannot apply to your store, override it with a method marked
 ``pytest.mark.skip(reason=...)`` and say why.
 """
@@ -91,6 +92,7 @@ from threadline.ai._messages import (
 from threadline.errors import (
     ConfigError,
     CorruptLog,
+    EntryNotFound,
     InvalidSessionId,
     SessionExists,
     SessionNotFound,
@@ -110,7 +112,7 @@ from threadline.session._entries import (
     register_custom,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import Store, WatchableStore
+from threadline.session._store import LinearStore, Store, WatchableStore
 from threadline.session._storekit import MAX_SESSION_ID_BYTES
 from threadline.session._tree import TreeIndex
 
@@ -1101,3 +1103,101 @@ class StoreConformance:
         got = [await anext(watch), await anext(watch)]
         await _aclose(watch)
         assert_same_entries(got, [big, small])
+    # -- the linear capability (S32, when offered) -------------------------------
+
+    def _linear(self, store: Store) -> LinearStore:
+        if not isinstance(store, LinearStore):
+            pytest.skip("store does not offer LinearStore (append_linear, load_entries_after)")
+        return store
+
+    async def test_s32_linear_append_chains_after_the_last_entry(self, store: Store) -> None:
+        linear = self._linear(store)
+        sid = await self.new_session(store)
+        (first,) = await linear.append_linear(sid, [_chain_entry("not-there", 0, 0)])
+        assert first.parent_id is None  # an empty log: the batch starts a root
+        root, side = _chain_entry(None, 1, 0), _chain_entry(None, 1, 1)
+        await store.append_entries(sid, [root, side])  # the last entry is a second root
+        batch = [_chain_entry(root.id, 2, 0)]
+        batch.append(_chain_entry(batch[0].id, 2, 1))
+        stored = await linear.append_linear(sid, batch)
+        assert [e.parent_id for e in stored] == [side.id, batch[0].id]
+        loaded = await (await self.another_handle()).load_entries(sid)
+        assert list(loaded) == [first, root, side, *stored]
+        with pytest.raises(SessionNotFound):
+            await linear.append_linear("conf-missing", batch)
+        # The duplicate-id rule of append_entries: refused whole, nothing stored.
+        fresh = _chain_entry(None, 3, 0)
+        for repeating in ([fresh, batch[1]], [fresh, fresh]):
+            with pytest.raises(StoreError) as caught:
+                await linear.append_linear(sid, repeating)
+            assert caught.value.session_id == sid
+        assert list(await (await self.another_handle()).load_entries(sid)) == list(loaded)
+
+    async def test_s32_retried_linear_batch_is_stored_once(self, store: Store) -> None:
+        # S25 for append_linear: the first write re-chained the batch after the
+        # last entry; a retry (the acknowledgement was lost) finds every id
+        # stored as one run with its bytes, the first entry's parent apart.
+        linear = self._linear(store)
+        sid = await self.new_session(store)
+        root = _chain_entry(None, 0, 0)
+        await store.append_entries(sid, [root])
+        batch = [_chain_entry("unknown-parent", 1, 0)]
+        batch.append(_chain_entry(batch[0].id, 1, 1))
+        stored = await linear.append_linear(sid, batch)
+        assert stored[0].parent_id == root.id
+        other = self._linear(await self.another_handle())
+        assert await other.append_linear(sid, batch) == stored
+        assert await linear.append_linear(sid, batch) == stored
+        assert list(await store.load_entries(sid)) == [root, *stored]
+        # Later entries do not make it a new batch: still the same run.
+        later = await linear.append_linear(sid, [_chain_entry(None, 2, 0)])
+        assert await other.append_linear(sid, batch) == stored
+        # Any other repeat is refused whole: a changed entry, a part of the
+        # batch with a new id, the run in another order.
+        changed = [batch[0], MessageEntry(id=batch[1].id, parent_id=batch[0].id,
+                                          message=UserMessage.of("changed"))]
+        for repeating in (changed, [*batch, _chain_entry(batch[1].id, 3, 0)],
+                          [batch[1], batch[0]]):
+            with pytest.raises(StoreError) as caught:
+                await linear.append_linear(sid, repeating)
+            assert caught.value.session_id == sid
+        assert list(await (await self.another_handle()).load_entries(sid)) == [
+            root, *stored, *later]
+
+    async def test_s32_concurrent_linear_appends_form_one_path(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        handles = [self._linear(store)] + [
+            self._linear(await self.another_handle()) for _ in range(3)]
+
+        async def writer(w: int) -> None:
+            for n in range(10):
+                first = _chain_entry(None, w, 2 * n)
+                await handles[w % len(handles)].append_linear(
+                    sid, [first, _chain_entry(first.id, w, 2 * n + 1)])
+
+        await asyncio.gather(*(writer(w) for w in range(6)))
+        tree = TreeIndex(await store.load_entries(sid), session_id=sid)
+        assert len(tree.leaves()) == 1 and len(tree.path()) == len(tree) == 120
+        texts = [e.message.text for e in tree.path() if isinstance(e, MessageEntry)
+                 and isinstance(e.message, UserMessage)]
+        for w in range(6):  # each writer's entries in its order, each batch unbroken
+            mine = [i for i, t in enumerate(texts) if t.startswith(f"writer {w} ")]
+            assert [int(texts[i].split()[3]) for i in mine] == list(range(20))
+            assert all(b - a == 1 for a, b in zip(mine[::2], mine[1::2], strict=True))
+
+    async def test_s32_load_entries_after(self, store: Store) -> None:
+        linear = self._linear(store)
+        sid = await self.new_session(store)
+        assert await linear.load_entries_after(sid, None) == []
+        entries = [_chain_entry(None, 0, 0)]
+        for n in range(1, 5):
+            entries.append(_chain_entry(entries[-1].id, 0, n))
+        await store.append_entries(sid, entries)
+        reader = self._linear(await self.another_handle())
+        assert await reader.load_entries_after(sid, None) == entries
+        assert await reader.load_entries_after(sid, entries[1].id) == entries[2:]
+        assert await reader.load_entries_after(sid, entries[-1].id) == []
+        with pytest.raises(EntryNotFound):
+            await reader.load_entries_after(sid, "conf-no-such-entry")
+        with pytest.raises(SessionNotFound):
+            await reader.load_entries_after("conf-missing", None)
