@@ -24,15 +24,15 @@ from threadline.ai._messages import (
     Usage,
     UserMessage,
 )
-from threadline.errors import ConfigError, CorruptLog
+from threadline.errors import ConfigError, CorruptLog, InvalidEntry
 from threadline.session._codec import (
-    SessionInit,
+    _InitLine,
     decode_entry,
     decode_init,
-    encode_entries,
     encode_entry,
     encode_init,
 )
+from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
@@ -234,7 +234,7 @@ def test_session_init_carries_format_version_and_record() -> None:
 
 
 def test_session_init_from_a_newer_format_is_refused_with_where() -> None:
-    line = msgspec.json.encode(SessionInit(version=FORMAT_VERSION + 1, id="s", created_at=TS))
+    line = msgspec.json.encode(_InitLine(version=FORMAT_VERSION + 1, id="s", created_at=TS))
     with pytest.raises(CorruptLog) as info:
         decode_init(line, path="root/s.jsonl")
     assert str(info.value).startswith("root/s.jsonl line 1: ")
@@ -332,7 +332,10 @@ def test_s9_custom_kinds_is_a_copy() -> None:
 
 
 def test_s9_registered_kind_with_data_that_does_not_fit_is_corrupt_log() -> None:
-    line = encode_entry(CustomEntry(id="c", timestamp=TS, kind=TODO_KIND, data={"title": 3}))
+    entry = CustomEntry(id="c", timestamp=TS, kind=TODO_KIND, data={"title": 3})
+    with pytest.raises(InvalidEntry, match="Todo"):  # never stored ...
+        encode_entry(entry)
+    line = msgspec.json.encode(entry)  # ... but another program may write it
     with pytest.raises(CorruptLog) as info:
         decode_entry(line, path="s.jsonl", lineno=9)
     assert str(info.value).startswith("s.jsonl line 9: custom entry of kind 'test_codec.todo'")
@@ -383,7 +386,9 @@ def test_unknown_type_is_kept_as_opaque_and_reencoded_unchanged() -> None:
         (b'{"type":"message","timestamp":"2025-01-01T00:00:00Z",'
          b'"message":{"role":"user","content":[]}}', "expected an entry with an id"),
         (b'{"type":"custom","id":"","timestamp":"2025-01-01T00:00:00Z","kind":"k","data":1}',
-         "expected an entry with an id"),
+         "expected an entry"),
+        (b'{"type":"future","id":"","timestamp":"2025-01-01T00:00:00Z"}',
+         "expected an entry"),
         (b'{"type":"compaction","id":"a","summary":"s","first_kept_entry_id":"b"}',
          "expected an entry with an id and a timestamp"),
     ],
@@ -408,7 +413,8 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=12,
 )
-_ids = st.text(min_size=1, max_size=20)
+_ids = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+               min_size=1, max_size=20)
 _opt_str = st.none() | st.text(max_size=20)
 _ts = st.datetimes(timezones=st.just(UTC))
 

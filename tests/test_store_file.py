@@ -26,11 +26,16 @@ from threadline.errors import (
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord, Store
 from threadline.session import _file as file_module
-from threadline.session._codec import encode_entries, encode_init
+from threadline.session._codec import encode_entry, encode_init, frame
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
 from threadline.testing import StoreConformance, StoreOpener, sample_entries
 from threadline.testing._conformance import check_concurrent_log
+
+
+def encode_entries(entries: list[Entry]) -> bytes:
+    """What one append_entries call of ``entries`` adds to a session file."""
+    return frame([encode_entry(e) for e in entries])
 
 
 class TestFileStore(StoreConformance):

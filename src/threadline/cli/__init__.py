@@ -160,7 +160,7 @@ async def _tree(store: object, args: argparse.Namespace, console: Console) -> No
 
 
 async def _export(store: object, args: argparse.Namespace, console: Console) -> None:
-    from threadline.session._codec import encode_entries
+    from threadline.session._codec import export_lines
     from threadline.session._context import build_context
     from threadline.session._tree import TreeIndex
 
@@ -168,7 +168,7 @@ async def _export(store: object, args: argparse.Namespace, console: Console) -> 
     assert isinstance(tree, TreeIndex)
     out = sys.stdout.buffer
     if args.format == "jsonl":
-        out.write(encode_entries(tree.entries))
+        out.write(export_lines(tree.entries))
     else:
         out.write(msgspec.json.format(msgspec.json.encode(build_context(tree.path()))) + b"\n")
     out.flush()

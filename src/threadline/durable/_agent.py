@@ -34,7 +34,7 @@ from threadline.durable._events import (
 )
 from threadline.durable._repair import orphaned_results
 from threadline.errors import AgentError, NoLoopError, SessionExists, SessionNotFound
-from threadline.session._codec import rechain_opaque
+from threadline.session._codec import rechain_opaque, stored_form
 from threadline.session._context import build_context
 from threadline.session._entries import (
     CompactionEntry,
@@ -224,17 +224,24 @@ class DurableAgent:
 
         The child's record has ``parent_id`` set to this session. Entries get
         fresh ids, re-chained in order, each keeping ``origin_id`` = the id it
-        copies; all are written in one ``append_entries`` call. On error no
-        event is published (a child record may exist without entries).
+        copies; all are written in one ``append_entries`` call, so a failed or
+        killed fork leaves the child with all of them or none. On error no
+        event is published. A child left empty by a failed fork is reused when
+        ``fork`` is called again with its id.
         """
         child_id = new_id() if session_id is None else _checked_id(session_id)
         self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
-            await self._store.create_session(
-                SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
-            )
-            copies = _rechain(path)
+            copies = stored_form(_rechain(path), session_id=child_id)
+            try:
+                await self._store.create_session(
+                    SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
+                )
+            except SessionExists:
+                if session_id is None:
+                    raise
+                await self._check_empty_fork(child_id)
             if copies:
                 await self._store.append_entries(child_id, copies)
             leaf_id = self._tree.leaf_id
@@ -250,6 +257,22 @@ class DurableAgent:
             child,
         )
         return child
+
+    async def _check_empty_fork(self, child_id: str) -> None:
+        """Let a fork reuse ``child_id`` only if a failed fork of this session left it empty."""
+        count = len(await self._store.load_entries(child_id))
+        load_session = getattr(self._store, "load_session", None)
+        parent = (await load_session(child_id)).parent_id if load_session is not None else None
+        if count == 0 and parent == self._session_id:
+            return
+        lineage = ("its lineage cannot be read from this store" if load_session is None
+                   else f"its parent_id is {parent!r}")
+        raise SessionExists(
+            child_id,
+            f"{self._store!r}; it is not an empty fork of session {self._session_id!r} "
+            f"left by a failed fork (it has {count} entries, {lineage}), so fork will not "
+            f"write into it: choose another id, or delete that session first",
+        )
 
     async def compact(
         self,
@@ -337,6 +360,9 @@ class DurableAgent:
             parent = entry.id
         if not batch:
             return []
+        # Hold copies of what the store keeps, not the caller's objects: a
+        # dict the caller mutates later must not change this agent's view.
+        batch = stored_form(batch, session_id=self._session_id)
         if not shielded:
             await self._store.append_entries(self._session_id, batch)
             self._add(batch)

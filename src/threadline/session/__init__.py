@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from threadline.session._codec import decode_entry, encode_entries, encode_entry
+from threadline.session._codec import MAX_DEPTH, decode_entry, decode_lines, encode_entry
 from threadline.session._context import build_context, interrupted_result, normalize_tool_pairs
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_DEPTH",
     "BranchSummaryEntry",
     "CompactionEntry",
     "CustomEntry",
@@ -51,7 +52,7 @@ __all__ = [
     "build_context",
     "custom_kinds",
     "decode_entry",
-    "encode_entries",
+    "decode_lines",
     "encode_entry",
     "interrupted_result",
     "new_id",

@@ -22,9 +22,11 @@ Writes:
   seen half-created. The directory is fsynced.
 - ``append_entries`` takes an exclusive ``flock`` on the file. If the last
   line has no newline (a writer died mid-write), the fragment is copied to
-  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline. All
-  lines then go out in one ``os.write`` (short writes are continued), then
-  ``fdatasync``, then the lock is released.
+  ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline. The
+  call's entries then go out in one ``os.write`` (short writes are
+  continued), then ``fdatasync``, then the lock is released. Several entries
+  of one call are framed as one ``batch`` line (the codec's ``frame``), so a
+  writer killed mid-write leaves a torn last line, never part of a call.
 - A failed fsync is never retried: the kernel may have dropped the dirty
   pages already, so a retry could report data as safe that is not. The store
   raises ``DurabilityError`` and refuses every later write on that object;
@@ -69,7 +71,8 @@ raises ``CorruptLog`` with the file and line number.
 Blocking I/O runs on the store's worker threads so the event loop is not
 stalled by an fsync or a large read. The one exception is a small append with
 ``durability="flush"`` to a session no worker is writing: it is a few system
-calls with no fsync, cheaper than the thread hop, so it runs inline. The
+calls with no fsync, cheaper than the thread hop, so it runs inline. It only
+tries the file lock; if another process holds it, a worker waits instead. The
 garbage collector is not paused while decoding: entry structs are not tracked
 by it, and pausing it measured no faster (``bench/store.py``).
 """
@@ -92,8 +95,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
-import msgspec
-
 from threadline.errors import (
     ConfigError,
     CorruptLog,
@@ -102,15 +103,16 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import _entry_decoder, decode_entry, decode_init, encode_entries
-from threadline.session._codec import encode_init as _encode_init
-from threadline.session._entries import (
-    _MISSING_TIMESTAMP,
-    CustomEntry,
-    Entry,
-    SessionRecord,
-    _decoding,
+from threadline.session._codec import (
+    check_record,
+    decode_body,
+    decode_init,
+    encode_entry,
+    encode_init,
+    format_version,
+    frame,
 )
+from threadline.session._entries import FORMAT_VERSION, Entry, SessionRecord
 from threadline.session._memory import check_session_id, page_records
 from threadline.session._store import EntryLog, SessionPage
 
@@ -170,13 +172,20 @@ class _OpenLog(NamedTuple):
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
 
 
+class _WouldBlock(Exception):
+    """Another process holds the session's lock; ``log`` is still open."""
+
+    def __init__(self, log: _OpenLog) -> None:
+        self.log = log
+
+
 class _Waiter:
     """An ``append_entries`` call waiting for the write that includes its lines."""
 
-    __slots__ = ("data", "future", "loop")
+    __slots__ = ("future", "lines", "loop")
 
-    def __init__(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.data = data
+    def __init__(self, lines: list[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self.lines = lines
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
@@ -241,6 +250,7 @@ class FileStore:
     # -- the Store contract ---------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
+        check_record(record)
         await self._thread("create", record.id, self._create, record)
 
     async def load_entries(self, session_id: str) -> EntryLog:
@@ -252,11 +262,11 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
-        data = encode_entries(entries)
+        lines = [encode_entry(entry, session_id=session_id) for entry in entries]
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, data)):
+                and self._write_inline(session_id, lines)):
             return
-        waiter = _Waiter(data, asyncio.get_running_loop())
+        waiter = _Waiter(lines, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is not None:
@@ -365,7 +375,7 @@ class FileStore:
     def _create(self, record: SessionRecord) -> None:
         self._check_writable(record.id)
         path = self.path_for(record.id)
-        line = _encode_init(record) + b"\n"
+        line = encode_init(record) + b"\n"
         tmp = self.root / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -396,7 +406,7 @@ class FileStore:
         while group:
             error: BaseException | None = None
             try:
-                log = self._write(session_id, log, b"".join(w.data for w in group))
+                log = self._write(session_id, log, [w.lines for w in group])
             except Exception as exc:
                 error, log = exc, None
             with self._lock:
@@ -431,12 +441,13 @@ class FileStore:
         self._queues[session_id] = []
         return group, self._logs.pop(session_id, None)
 
-    def _write_inline(self, session_id: str, data: bytes) -> bool:
+    def _write_inline(self, session_id: str, lines: list[bytes]) -> bool:
         """Append in the caller's thread, unless a writer is busy with the session.
 
         Without fsync a small append is a few microseconds of system calls,
         less than the thread hop (bench/store.py); with fsync it can take
-        milliseconds, which the event loop must not wait for.
+        milliseconds, which the event loop must not wait for. Nor may it wait
+        for another process's lock: then a worker does the append.
         """
         with self._lock:
             if session_id in self._queues:
@@ -445,7 +456,10 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, log, data)
+            kept = self._write(session_id, log, [lines], block=False)
+        except _WouldBlock as busy:
+            kept = busy.log
+            return False
         finally:
             with self._lock:
                 self._next_group(session_id, kept, inline=True)
@@ -463,10 +477,12 @@ class FileStore:
             raise
         return _OpenLog(fd, st.st_dev, st.st_ino, path)
 
-    def _write(self, session_id: str, log: _OpenLog | None, data: bytes) -> _OpenLog:
-        """Append ``data`` under the file lock; return the file, still open.
+    def _write(self, session_id: str, log: _OpenLog | None, calls: list[list[bytes]],
+               *, block: bool = True) -> _OpenLog:
+        """Append each call's lines under the file lock; return the file, still open.
 
-        ``log`` is a file this store opened before, or None. On error it is closed.
+        ``log`` is a file this store opened before, or None. On error it is
+        closed. Without ``block``, raises ``_WouldBlock`` if the lock is taken.
         """
         try:
             self._check_writable(session_id)
@@ -474,7 +490,10 @@ class FileStore:
             while True:
                 if log is None:
                     log = self._open_log(session_id, path)
-                fcntl.flock(log.fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(log.fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise _WouldBlock(log) from None
                 size = log.size_if_current()
                 if size >= 0:
                     break
@@ -483,10 +502,13 @@ class FileStore:
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
+            data = self._payload(log.fd, calls)
             if data:
                 self._append_locked(log.fd, size, data, path, session_id)
             fcntl.flock(log.fd, fcntl.LOCK_UN)
             return log
+        except _WouldBlock:
+            raise
         except BaseException as exc:
             if log is not None:
                 os.close(log.fd)  # also releases the lock
@@ -494,6 +516,21 @@ class FileStore:
                 raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
                                  f"{exc}", session_id=session_id) from exc
             raise
+
+    @staticmethod
+    def _payload(fd: int, calls: list[list[bytes]]) -> bytes:
+        """The bytes for these calls: a call of several entries is one batch line.
+
+        A file created at format version 1 gets one line per entry, as before,
+        since a version 1 reader cannot read batch lines.
+        """
+        batch = True
+        if any(len(lines) > 1 for lines in calls):
+            head = os.pread(fd, 1 << 16, 0)
+            newline = head.find(b"\n")
+            version = format_version(head[:newline]) if newline >= 0 else FORMAT_VERSION
+            batch = version >= 2
+        return b"".join(frame(lines, batch=batch) for lines in calls)
 
     def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
                        session_id: str) -> None:
@@ -568,9 +605,12 @@ class FileStore:
             lineno = data.count(b"\n", 0, end) + 1
             diagnostics.append(
                 f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
-                f"with no newline), left by an append that did not finish"
+                f"with no newline), left by an append that did not finish; none of that "
+                f"append's entries are kept (several entries of one call share one line)"
             )
-        return EntryLog(_decode_body(data, first + 1, end, session_id, path), diagnostics)
+        entries = decode_body(data, first + 1, end, session_id=session_id, path=str(path),
+                              first_line=2)
+        return EntryLog(entries, diagnostics)
 
     def _load_session(self, session_id: str) -> SessionRecord:
         fd, path = self._open(session_id, os.O_RDONLY)
@@ -640,38 +680,3 @@ os.register_at_fork(after_in_child=_forget_parent_state)
 def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
-
-def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path) -> list[Entry]:
-    """Decode the entry lines in ``data[start:end]`` (line 2 on).
-
-    One msgspec call decodes the whole body in the common case. When that
-    fails, decoding line by line finds the bad line's number and turns entry
-    types this version does not know into opaque entries.
-    """
-    _decoding.active = True  # a line missing its id or timestamp must not get a new one
-    try:
-        entries: list[Any] = _entry_decoder.decode_lines(memoryview(data)[start:end])
-    except msgspec.DecodeError:
-        pass
-    else:
-        # decode_lines skips blank lines; this store never writes one, so a
-        # count mismatch means damage that the slow path will name.
-        if len(entries) == data.count(b"\n", start, end):
-            for i, entry in enumerate(entries):
-                if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
-                    break  # a header without id or timestamp: the slow path names the line
-                # The codec gives registered kinds their class, and copies an
-                # unregistered kind's raw bytes out of the whole file's buffer.
-                if type(entry) is CustomEntry:
-                    entries[i] = decode_entry(
-                        msgspec.json.encode(entry), session_id=session_id,
-                        path=str(path), lineno=i + 2,
-                    )
-            else:
-                return entries
-    finally:
-        _decoding.active = False
-    return [
-        decode_entry(line, session_id=session_id, path=str(path), lineno=n)
-        for n, line in enumerate(data[start:end].split(b"\n")[:-1], start=2)
-    ]

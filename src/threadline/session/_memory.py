@@ -23,7 +23,7 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._codec import check_record, decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
 from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
 
@@ -41,6 +41,7 @@ class MemoryStore:
 
     async def create_session(self, record: SessionRecord) -> None:
         check_session_id(record.id)
+        check_record(record)
         with self._lock:
             if record.id in self._records:
                 raise SessionExists(record.id, "memory store")
@@ -57,9 +58,9 @@ class MemoryStore:
         return EntryLog(decode_entry(line, session_id=session_id) for line in lines)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        # Encode before taking the lock: an entry that cannot be encoded leaves
+        # Encode before taking the lock: an entry that cannot be stored leaves
         # the log untouched (all or nothing).
-        lines = [encode_entry(entry) for entry in entries]
+        lines = [encode_entry(entry, session_id=session_id) for entry in entries]
         new_ids = {entry.id for entry in entries}
         with self._lock:
             log = self._logs.get(session_id)

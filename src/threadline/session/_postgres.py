@@ -39,7 +39,7 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._codec import check_record, decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
 from threadline.session._memory import check_session_id
 from threadline.session._sqlite import entry_type
@@ -279,6 +279,7 @@ class PostgresStore:
 
     async def create_session(self, record: SessionRecord) -> None:
         sid = self._sid(record.id)
+        check_record(record)
         created = _aware(record.created_at)
 
         async def op(conn: Conn) -> int:
@@ -311,6 +312,7 @@ class PostgresStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = self._sid(session_id)
+        datas = [encode_entry(e, session_id=sid) for e in entries]
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
@@ -318,7 +320,7 @@ class PostgresStore:
             "sid": sid, "n": len(entries),
             "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
             "types": [entry_type(e) for e in entries],
-            "datas": [encode_entry(e) for e in entries],
+            "datas": datas,
         }
 
         async def op(conn: Conn) -> int:

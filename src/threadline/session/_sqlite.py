@@ -49,7 +49,7 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._codec import check_record, decode_entry, encode_entry
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 from threadline.session._memory import check_session_id
 from threadline.session._store import EntryLog, SessionPage, decode_cursor, encode_cursor
@@ -258,6 +258,7 @@ class SQLiteStore:
 
     async def create_session(self, record: SessionRecord) -> None:
         sid = check_session_id(record.id)
+        check_record(record)
         created = _to_micros(record.created_at)
 
         def op(conn: sqlite3.Connection) -> None:
@@ -305,7 +306,8 @@ class SQLiteStore:
         if self._poisoned is not None:
             raise DurabilityError(f"{self.path}: an earlier write failed to be durable; "
                                   f"reopen the store", session_id=sid) from self._poisoned
-        rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e)) for e in entries]
+        rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e, session_id=sid))
+                for e in entries]
 
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute(
