@@ -156,7 +156,11 @@ def _line(entry: Entry) -> bytes:
     if isinstance(entry, OpaqueEntry):
         return entry.raw
     if type(entry) in _VERBATIM_CLASSES:
-        return entry.__dict__["_line"]  # type: ignore[no-any-return]
+        line = entry.__dict__.get("_line")
+        if line is not None:
+            return line  # type: ignore[no-any-return]
+        # A changed copy (msgspec.structs.replace): written as this version writes.
+        entry = type(entry).__mro__[1](**msgspec.structs.asdict(entry))
     return _encoder.encode(entry)
 
 
@@ -205,6 +209,8 @@ def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
 
     if not isinstance(entry, _ENTRY_CLASSES):
         raise refuse(f"is not an entry: got {type(entry).__name__}")
+    if type(entry) in _VERBATIM_CLASSES and "_line" not in entry.__dict__:
+        entry = type(entry).__mro__[1](**msgspec.structs.asdict(entry))  # type: ignore[arg-type]
     problem = _header_problem(entry)
     if problem is not None:
         raise refuse(problem)

@@ -306,8 +306,9 @@ class SQLiteStore:
         if self._poisoned is not None:
             raise DurabilityError(f"{self.path}: an earlier write failed to be durable; "
                                   f"reopen the store", session_id=sid) from self._poisoned
-        rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e, session_id=sid))
-                for e in entries]
+        datas = [encode_entry(e, session_id=sid) for e in entries]
+        rows = [(e.id, e.parent_id, entry_type(e), data)
+                for e, data in zip(entries, datas, strict=True)]
 
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute(

@@ -66,8 +66,14 @@ from threadline.ai._messages import (
     Usage,
     UserMessage,
 )
-from threadline.errors import SessionExists, SessionNotFound, StoreError
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.errors import (
+    InvalidEntry,
+    InvalidSessionId,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+)
+from threadline.session._codec import MAX_DEPTH, decode_entry, encode_entry
 from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
@@ -198,6 +204,44 @@ def sample_entries() -> list[Entry]:
             display=False, details=[1, "two"],
         ),
     ]
+
+
+def _nested(depth: int) -> object:
+    value: object = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def _custom(data: object) -> Callable[[], Entry]:
+    return lambda: CustomEntry(kind=UNREGISTERED_KIND, data=data)
+
+
+def _text(text: str, id: str | None = None, parent_id: str | None = None) -> Callable[[], Entry]:
+    def make() -> Entry:
+        entry = MessageEntry(parent_id=parent_id, message=UserMessage.of(text))
+        return entry if id is None else msgspec.structs.replace(entry, id=id)
+
+    return make
+
+
+# What no store may accept: each would be lost, changed or unreadable (S16).
+INVALID_ENTRIES: dict[str, Callable[[], Entry]] = {
+    "empty id": _text("x", id=""),
+    "NUL in id": _text("x", id="a\x00b"),
+    "empty parent_id": _text("x", parent_id=""),
+    "lone surrogate in text": _text("a \ud800 b"),
+    "lone surrogate in id": _text("x", id="id-\udfff"),
+    "lone surrogate in parent_id": _text("x", parent_id="p-\ud800"),
+    "lone surrogate in a dict key": _custom({"k\ud800": 1}),
+    "nested one level too deep": _custom(_nested(MAX_DEPTH)),
+    "nested 1,000 levels deep": _custom(_nested(1_000)),
+    "NaN": _custom({"x": float("nan")}),
+    "infinity": _custom([float("inf")]),
+    "minus infinity": _custom({"x": [-float("inf")]}),
+    "bytes": _custom({"blob": b"\x00\x01"}),
+    "not an entry": lambda: {"type": "message"},  # type: ignore[return-value,dict-item]
+}
 
 
 def assert_same_entries(actual: Sequence[Entry], expected: Sequence[Entry]) -> None:
@@ -410,6 +454,108 @@ class StoreConformance:
         assert isinstance(again, MessageEntry)
         assert isinstance(again.message, AssistantMessage)
         assert again.message.tool_calls[0].arguments == {"k": "before"}
+
+    # -- one append is all or nothing (S14) -------------------------------------
+
+    async def test_s14_large_batch_is_stored_whole_and_in_order(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        acknowledged = await _append_chain(store, sid, 0, 5_000, batch=5_000)
+        assert [e.id for e in await store.load_entries(sid)] == acknowledged
+        other = await self.another_handle()
+        assert [e.id for e in await other.load_entries(sid)] == acknowledged
+
+    @pytest.mark.parametrize("position", ["first", "middle", "last"])
+    async def test_s14_batch_with_an_invalid_entry_appends_nothing(
+        self, store: Store, position: str
+    ) -> None:
+        sid = await self.new_session(store)
+        root = _chain_entry(None, 0, 0)
+        await store.append_entries(sid, [root])
+        good = [_chain_entry(root.id, 0, n) for n in range(1, 41)]
+        bad = MessageEntry(parent_id=root.id, message=UserMessage.of("lone \ud800 surrogate"))
+        at = {"first": 0, "middle": 20, "last": 40}[position]
+        with pytest.raises(InvalidEntry) as info:
+            await store.append_entries(sid, [*good[:at], bad, *good[at:]])
+        assert info.value.session_id == sid and info.value.entry_id == bad.id
+        assert [e.id for e in await store.load_entries(sid)] == [root.id]
+        await store.append_entries(sid, good)  # the session is not harmed
+        assert len(await store.load_entries(sid)) == 41
+
+    # -- what other programs wrote comes back byte for byte (S15) ---------------
+
+    async def test_s15_foreign_lines_come_back_byte_for_byte(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        ids = [new_id() for _ in range(6)]
+        lines = [
+            # A field this version does not know; a timestamp with two digits.
+            b'{"type":"message","id":"%s","timestamp":"2025-03-01T09:30:01.12Z",'
+            b'"message":{"role":"user","content":[{"type":"text","text":"hi"}]},'
+            b'"mood":"curious"}' % ids[0].encode(),
+            # Another key order, a +00:00 offset, escapes this version would not write.
+            b'{"id":"%s","parent_id":"%s","type":"message","timestamp":'
+            b'"2025-03-01T09:30:02+00:00","message":{"role":"user","content":'
+            b'[{"type":"text","text":"\\u00e9t\\u00e9"}]}}' % (ids[1].encode(), ids[0].encode()),
+            # A custom entry with a top-level field nobody here knows.
+            b'{"type":"custom","id":"%s","parent_id":"%s","timestamp":"2025-03-01T09:30:03Z",'
+            b'"kind":"%s","data":{"a":1},"written_by":"another app"}'
+            % (ids[2].encode(), ids[1].encode(), UNREGISTERED_KIND.encode()),
+            # A registered kind whose data has a field its class lacks.
+            b'{"type":"custom","id":"%s","parent_id":"%s","timestamp":"2025-03-01T09:30:04.5Z",'
+            b'"kind":"%s","data":{"text":"n","added_later":[1,2]}}'
+            % (ids[3].encode(), ids[2].encode(), NOTE_KIND.encode()),
+            # A type this version does not know.
+            b'{"type":"from.the.future","id":"%s","parent_id":"%s","x":{"y":[1.50]}}'
+            % (ids[4].encode(), ids[3].encode()),
+        ]
+        entries = [decode_entry(line) for line in lines]
+        await store.append_entries(sid, entries)  # one call ...
+        single = await self.new_session(store)
+        for entry in entries:  # ... and one call each
+            await store.append_entries(single, [entry])
+        for session in (sid, single):
+            loaded = await store.load_entries(session)
+            assert [encode_entry(e) for e in loaded] == lines
+        first, _, custom, note, _ = loaded
+        assert isinstance(first, MessageEntry) and first.message.text == "hi"
+        assert isinstance(custom, CustomEntry) and isinstance(custom.data, msgspec.Raw)
+        assert isinstance(note, CustomEntry) and note.data == ConformanceNote(text="n")
+        # Once changed, an entry is written the way this version writes it.
+        changed = msgspec.structs.replace(first, id=ids[5])
+        assert b"mood" not in encode_entry(changed)
+
+    # -- nothing unreadable is ever stored (S16) --------------------------------
+
+    @pytest.mark.parametrize("case", sorted(INVALID_ENTRIES))
+    async def test_s16_invalid_entry_is_refused_before_anything_is_written(
+        self, store: Store, case: str
+    ) -> None:
+        sid = await self.new_session(store)
+        good = _chain_entry(None, 0, 0)
+        with pytest.raises(InvalidEntry) as info:
+            await store.append_entries(sid, [good, INVALID_ENTRIES[case]()])
+        assert info.value.session_id == sid and repr(sid) in str(info.value)
+        assert list(await store.load_entries(sid)) == []
+        await store.append_entries(sid, [good])
+        assert [e.id for e in await store.load_entries(sid)] == [good.id]
+
+    async def test_s16_nesting_up_to_the_limit_round_trips(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        # The line's own object is one level, so MAX_DEPTH - 1 levels of data fit.
+        entry = CustomEntry(kind=UNREGISTERED_KIND, data=_nested(MAX_DEPTH - 1))
+        await store.append_entries(sid, [entry])
+        (loaded,) = await store.load_entries(sid)
+        assert encode_entry(loaded) == encode_entry(entry)
+
+    @pytest.mark.parametrize("parent_id", ["", "lone \udc00", "nul\x00"])
+    async def test_s16_record_with_an_unusable_parent_id_is_refused(
+        self, store: Store, parent_id: str
+    ) -> None:
+        sid = f"conf-{new_id()}"
+        with pytest.raises(InvalidSessionId) as info:
+            await store.create_session(SessionRecord(id=sid, parent_id=parent_id))
+        assert info.value.session_id == sid
+        with pytest.raises(SessionNotFound):
+            await store.load_entries(sid)
 
     # -- errors (S7) ----------------------------------------------------------
 
