@@ -226,8 +226,9 @@ class DurableAgent:
         fresh ids, re-chained in order, each keeping ``origin_id`` = the id it
         copies; all are written in one ``append_entries`` call, so a failed or
         killed fork leaves the child with all of them or none. On error no
-        event is published. A child left empty by a failed fork is reused when
-        ``fork`` is called again with its id.
+        event is published. Calling ``fork`` again with the id of a child that
+        a failed fork left behind finishes that fork: an empty child gets the
+        copies, a complete copy of the active path is taken as it is.
         """
         child_id = new_id() if session_id is None else _checked_id(session_id)
         self._check_not_inside_run("fork")
@@ -241,8 +242,11 @@ class DurableAgent:
             except SessionExists:
                 if session_id is None:
                     raise
-                await self._check_empty_fork(child_id)
-            if copies:
+                done = await self._left_by_failed_fork(child_id, path)
+                copies = done if done else copies
+            else:
+                done = []
+            if copies and not done:
                 await self._store.append_entries(child_id, copies)
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
@@ -258,20 +262,22 @@ class DurableAgent:
         )
         return child
 
-    async def _check_empty_fork(self, child_id: str) -> None:
-        """Let a fork reuse ``child_id`` only if a failed fork of this session left it empty."""
-        count = len(await self._store.load_entries(child_id))
+    async def _left_by_failed_fork(self, child_id: str, path: Sequence[Entry]) -> list[Entry]:
+        """The entries of ``child_id`` if an earlier fork of this path left it: none
+        (the copy never landed) or exactly the copy. Anything else is refused."""
+        existing = list(await self._store.load_entries(child_id))
         load_session = getattr(self._store, "load_session", None)
         parent = (await load_session(child_id)).parent_id if load_session is not None else None
-        if count == 0 and parent == self._session_id:
-            return
+        copied = [_origin(e) for e in existing] == [e.id for e in path]
+        if parent == self._session_id and (not existing or copied):
+            return existing
         lineage = ("its lineage cannot be read from this store" if load_session is None
                    else f"its parent_id is {parent!r}")
         raise SessionExists(
             child_id,
-            f"{self._store!r}; it is not an empty fork of session {self._session_id!r} "
-            f"left by a failed fork (it has {count} entries, {lineage}), so fork will not "
-            f"write into it: choose another id, or delete that session first",
+            f"{self._store!r}; it is not what a failed fork of session {self._session_id!r} "
+            f"leaves (it has {len(existing)} entries, {lineage}), so fork will not write "
+            f"into it: choose another id, or delete that session first",
         )
 
     async def compact(
@@ -613,6 +619,13 @@ def _to_entry(item: Message | Entry, parent: str | None) -> Entry:
 
 def _same_input(entry: Entry, message: Message) -> bool:
     return isinstance(entry, MessageEntry) and entry.message == message
+
+
+def _origin(entry: Entry) -> str | None:
+    if isinstance(entry, OpaqueEntry):
+        origin = msgspec.json.decode(entry.raw).get("origin_id")
+        return origin if isinstance(origin, str) else None
+    return entry.origin_id
 
 
 def _rechain(path: Sequence[Entry]) -> list[Entry]:
