@@ -29,6 +29,7 @@ from threadline.session._codec import (
     _InitLine,
     decode_entry,
     decode_init,
+    decode_lines,
     encode_entry,
     encode_init,
 )
@@ -510,3 +511,74 @@ def test_design_doc_example_session_file_decodes_and_reencodes_unchanged() -> No
     assert [type(e).__name__ for e in decoded] == ["MessageEntry"] * 3 + ["CustomEntry"]
     assert [e.parent_id for e in decoded[1:]] == [e.id for e in decoded[:-1]]
     assert encode_entries(decoded) == b"\n".join(rest) + b"\n"
+
+
+# -- foreign lines byte for byte (S15) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # a field this version does not know, on each kind of entry
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00Z","message":'
+        b'{"role":"user","content":[]},"new_field":{"x":[1,2]}}',
+        b'{"type":"custom","id":"a","timestamp":"2025-01-01T00:00:00Z","kind":"unreg.k",'
+        b'"data":1,"extra":true}',
+        b'{"type":"compaction","id":"a","timestamp":"2025-01-01T00:00:00Z","summary":"s",'
+        b'"first_kept_entry_id":"b","model":"m"}',
+        # registered data with a field its class lacks, and in another key order
+        b'{"type":"custom","id":"a","timestamp":"2025-01-01T00:00:00Z","kind":"test_codec.todo",'
+        b'"data":{"done":true,"title":"t","due":"friday"}}',
+        # timestamps spelled another way
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00.12Z","message":'
+        b'{"role":"user","content":[]}}',
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00+00:00","message":'
+        b'{"role":"user","content":[]}}',
+        # key order, spacing and escapes this version would not write
+        b'{"id":"a", "type":"message","timestamp":"2025-01-01T00:00:00Z","message":'
+        b'{"content":[{"text":"\\u00e9\\/","type":"text"}],"role":"user"}}',
+    ],
+)
+def test_s15_line_this_version_would_write_differently_reencodes_byte_for_byte(
+    line: bytes,
+) -> None:
+    entry = decode_entry(line)
+    assert encode_entry(entry) == line
+    assert decode_lines(line + b"\n" + line.replace(b'"a"', b'"b"', 1)) == [
+        entry, decode_entry(line.replace(b'"a"', b'"b"', 1))]
+    assert encode_entry(decode_lines(line)[0]) == line
+    # Values are decoded as usual ...
+    plain = type(entry).__mro__[1]
+    assert isinstance(entry, plain) and type(entry).__name__ == plain.__name__
+    # ... and a changed copy is written as this version writes.
+    changed = msgspec.structs.replace(entry, parent_id="p")
+    assert encode_entry(changed) == msgspec.json.encode(plain(**msgspec.structs.asdict(changed)))
+
+
+def test_s15_batch_line_entries_keep_their_own_bytes() -> None:
+    odd = (b'{"type":"message","id":"x","timestamp":"2025-01-01T00:00:00.5Z","message":'
+           b'{"role":"user","content":[]},"k":1}')
+    plain = encode_entry(SAMPLES["branch_summary"])
+    batch = b'{"type":"batch","entries":[' + plain + b"," + odd + b"]}"
+    entries = decode_lines(batch + b"\n")
+    assert [encode_entry(e) for e in entries] == [plain, odd]
+
+
+# -- what may be stored (S16) -----------------------------------------------------------
+
+
+def test_s16_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[" * 500 + "{" * 500 + '\\"]' + "}" * 10
+    entry = MessageEntry(id="a", timestamp=TS, message=UserMessage.of(text))
+    assert decode_entry(encode_entry(entry)) == entry
+
+
+def test_s16_line_numbers_and_blank_lines_in_many_lines() -> None:
+    line = encode_entry(SAMPLES["branch_summary"])
+    with pytest.raises(CorruptLog) as info:
+        decode_lines(line + b"\n\n" + line + b"\n", path="x.jsonl", first_line=2)
+    assert (info.value.path, info.value.line) == ("x.jsonl", 3)
+    deep = b"[" * 10_000 + b"]" * 10_000
+    with pytest.raises(CorruptLog) as info:
+        decode_lines(line + b"\n" + deep, path="x.jsonl")
+    assert info.value.line == 2 and len(str(info.value)) < 300
