@@ -45,12 +45,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import multiprocessing
+import random
+import signal
 import threading
+import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -320,6 +324,28 @@ def _process_append(opener: StoreOpener, session_id: str, writer: int, count: in
     return asyncio.run(run())
 
 
+def _process_batch(opener: StoreOpener, session_id: str, size: int, say: Any) -> None:
+    """Create a session, say "s", append ``size`` entries in one call, say "d"."""
+
+    async def run() -> None:
+        store = await _open(opener)
+        await store.create_session(SessionRecord(id=session_id))
+        parent: str | None = None
+        batch: list[Entry] = []
+        for n in range(size):
+            entry = _chain_entry(parent, 0, n)
+            entry = msgspec.structs.replace(
+                entry, message=UserMessage.of(f"{n} " + "é" * 1_000))
+            parent = entry.id
+            batch.append(entry)
+        say.send("s")
+        await store.append_entries(session_id, batch)
+        say.send("d")
+        await _close(store)
+
+    asyncio.run(run())
+
+
 def _process_create(opener: StoreOpener, session_id: str) -> bool:
     async def run() -> bool:
         store = await _open(opener)
@@ -343,6 +369,8 @@ class StoreConformance:
 
     process_count: ClassVar[int] = 4
     process_appends: ClassVar[int] = 50
+    kill_rounds: ClassVar[int] = 10
+    kill_batch: ClassVar[int] = 1_000
 
     async def make_store(self, tmp_path: Path) -> Store:
         raise NotImplementedError("subclasses of StoreConformance implement make_store")
@@ -785,6 +813,39 @@ class StoreConformance:
     def _process_pool(self, n: int) -> ProcessPoolExecutor:
         # spawn: the parent runs an event loop and threads, which fork would copy.
         return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+
+    async def test_s14_batch_cut_by_sigkill_is_whole_or_absent(self, store: Store) -> None:
+        opener = self.store_opener(self._tmp_path)
+        if opener is None:
+            pytest.skip("store_opener() gives no way to open this store in another process")
+        context = multiprocessing.get_context("spawn")
+        rnd = random.Random(14)
+        duration: float | None = None
+        kills = 0
+        for _ in range(self.kill_rounds + 1):
+            sid = f"conf-kill-{new_id()}"
+            ours, theirs = context.Pipe()
+            child = context.Process(target=_process_batch,
+                                    args=(opener, sid, self.kill_batch, theirs))
+            child.start()
+            assert await asyncio.to_thread(ours.poll, 120), "the child never started"
+            assert ours.recv() == "s"
+            started = time.monotonic()
+            if duration is None:  # the first child shows how long the call takes
+                assert await asyncio.to_thread(ours.poll, 120) and ours.recv() == "d"
+                duration = time.monotonic() - started
+                await asyncio.to_thread(child.join)
+            else:  # kill the others anywhere inside the call
+                await asyncio.sleep(duration * rnd.uniform(0.05, 1.1))
+                child.kill()
+                await asyncio.to_thread(child.join)
+                kills += child.exitcode == -signal.SIGKILL
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a torn last line
+                count = len(await store.load_entries(sid))
+            assert count in (0, self.kill_batch), (
+                f"{count} of {self.kill_batch} entries of one append_entries call stored")
+        assert kills >= self.kill_rounds // 2, f"only {kills} children were killed mid-call"
 
     async def test_s4_concurrent_appends_from_processes(self, store: Store) -> None:
         opener = self.store_opener(self._tmp_path)
