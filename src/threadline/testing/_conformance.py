@@ -1,4 +1,4 @@
-"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9).
+"""The Store conformance suite: one set of tests every store must pass (S7-S9, S14-S16).
 
 Subclass ``StoreConformance`` in a test module and give it a factory::
 
@@ -33,6 +33,12 @@ Optional hooks:
   call to open the same storage; it may return the store or an awaitable of
   it. Return ``None`` (the default) to skip the multi-process tests.
 - ``process_count`` / ``process_appends``: the size of the multi-process test.
+- ``kill_rounds`` / ``kill_batch``: how many children the SIGKILL test kills
+  in the middle of one ``append_entries`` call, and how many entries it holds.
+
+A store refuses what it could not give back exactly by calling
+``threadline.session.encode_entry`` on every entry before writing any of
+them (``InvalidEntry``); the S16 tests check that it does.
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
 ``delete_session``) are tested only when the store has them. To skip a test
