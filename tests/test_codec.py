@@ -582,3 +582,15 @@ def test_s16_line_numbers_and_blank_lines_in_many_lines() -> None:
     with pytest.raises(CorruptLog) as info:
         decode_lines(line + b"\n" + deep, path="x.jsonl")
     assert info.value.line == 2 and len(str(info.value)) < 300
+
+
+def test_s15_an_entry_read_from_a_foreign_line_pickles_with_its_line() -> None:
+    import copy
+    import pickle
+
+    line = (b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00.1Z","message":'
+            b'{"role":"user","content":[]},"x":1}')
+    entry = decode_entry(line)
+    for clone in (pickle.loads(pickle.dumps(entry)), copy.deepcopy(entry), copy.copy(entry)):
+        assert clone == entry
+        assert encode_entry(clone) == line

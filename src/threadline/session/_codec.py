@@ -142,7 +142,9 @@ def _verbatim(entry: Any, line: bytes) -> Entry:
         # stay slot-only and untracked by the garbage collector, which keeps
         # loading fast. It needs gc=True: msgspec requires it for a __dict__.
         options = {"frozen": True, "gc": True, "dict": True, "tag": cls.__struct_config__.tag}
-        sub = types.new_class(cls.__name__, (cls,), options)
+        sub = types.new_class(cls.__name__, (cls,), options,
+                              lambda ns: ns.update(__reduce__=_reduce_verbatim,
+                                                   __copy__=_copy_verbatim))
         sub.__qualname__ = cls.__qualname__
         sub.__module__ = cls.__module__
         _VERBATIM[cls] = sub
@@ -150,6 +152,21 @@ def _verbatim(entry: Any, line: bytes) -> Entry:
     copy = sub(**msgspec.structs.asdict(entry))
     copy.__dict__["_line"] = line
     return copy  # type: ignore[no-any-return]
+
+
+def _reduce_verbatim(entry: Any) -> tuple[Any, ...]:
+    # The subclass is made at run time, so pickle could not find it by name.
+    base = type(entry).__mro__[1]
+    return (_unpickle_verbatim, (base, msgspec.structs.asdict(entry), entry.__dict__.get("_line")))
+
+
+def _copy_verbatim(entry: Any) -> Entry:
+    return _unpickle_verbatim(*_reduce_verbatim(entry)[1])
+
+
+def _unpickle_verbatim(base: type[Any], fields: dict[str, Any], line: bytes | None) -> Entry:
+    entry = base(**fields)
+    return entry if line is None else _verbatim(entry, line)
 
 
 def _line(entry: Entry) -> bytes:
