@@ -57,6 +57,9 @@ Factory: TypeAlias = Callable[[], Loop]
 
 RunInput: TypeAlias = str | Message | Sequence[Message]
 
+_CHECK_INLINE = 64
+"""Appends of up to this many entries are checked on the event loop's thread."""
+
 
 class PublishError(AgentError):
     """The effect is stored, but the publisher raised.
@@ -234,7 +237,7 @@ class DurableAgent:
         self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
-            copies = stored_form(_rechain(path), session_id=child_id)
+            copies = await asyncio.to_thread(stored_form, _rechain(path), session_id=child_id)
             try:
                 await self._store.create_session(
                     SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
@@ -368,7 +371,10 @@ class DurableAgent:
             return []
         # Hold copies of what the store keeps, not the caller's objects: a
         # dict the caller mutates later must not change this agent's view.
-        batch = stored_form(batch, session_id=self._session_id)
+        if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
+            batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
+        else:
+            batch = stored_form(batch, session_id=self._session_id)
         if not shielded:
             await self._store.append_entries(self._session_id, batch)
             self._add(batch)

@@ -262,10 +262,13 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
-        lines = [encode_entry(entry, session_id=session_id) for entry in entries]
-        if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, lines)):
-            return
+        if len(entries) <= _INLINE_MAX_ENTRIES:
+            lines = [encode_entry(entry, session_id=session_id) for entry in entries]
+            if self.durability == "flush" and self._write_inline(session_id, lines):
+                return
+        else:  # checking a big batch takes long enough to stall the event loop
+            lines = await asyncio.to_thread(
+                lambda: [encode_entry(entry, session_id=session_id) for entry in entries])
         waiter = _Waiter(lines, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
