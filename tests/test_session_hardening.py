@@ -5,6 +5,7 @@ flush-mode write path never waiting on a lock in the event loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sqlite3
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from threadline.session import (
 from threadline.session._codec import encode_init
 from threadline.session._entries import Entry
 from threadline.stores import copy_sessions
-from threadline.testing import FaultyStore
+from threadline.testing import FaultyStore, StoreConformance, StoreOpener
 
 
 def _msg(text: str, parent_id: str | None = None) -> MessageEntry:
@@ -334,3 +336,32 @@ async def test_s8_flush_append_keeps_the_event_loop_running_while_another_proces
     assert [e.message.text for e in await store.load_entries("s")  # type: ignore[union-attr]
             ] == ["first", "second"]
     await store.close()
+
+
+# -- the conformance suite catches a store that is not all or nothing (S14) -----------
+
+
+class OneEntryAtATime(FileStore):
+    """A wrong store: one write per entry, so a kill can leave part of a call."""
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            await super().append_entries(session_id, [entry])
+
+
+class _WrongStoreSuite(StoreConformance):
+    async def make_store(self, tmp_path: Path) -> Store:
+        return OneEntryAtATime(tmp_path, durability="flush")
+
+    def store_opener(self, tmp_path: Path) -> StoreOpener | None:
+        return functools.partial(OneEntryAtATime, tmp_path, durability="flush")
+
+
+async def test_s14_conformance_suite_fails_a_store_that_writes_entry_by_entry(
+    tmp_path: Path,
+) -> None:
+    suite = _WrongStoreSuite()
+    suite._tmp_path = tmp_path
+    store = await suite.make_store(tmp_path)
+    with pytest.raises(AssertionError, match="entries of one append_entries call stored"):
+        await suite.test_s14_batch_cut_by_sigkill_is_whole_or_absent(store)
