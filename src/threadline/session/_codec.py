@@ -129,27 +129,22 @@ _ENTRY_CLASSES = (MessageEntry, CompactionEntry, BranchSummaryEntry, CustomEntry
 
 # -- entries read from lines this version would write differently -------------
 
-_VERBATIM: dict[type[Any], type[Any]] = {}
-_VERBATIM_CLASSES: set[type[Any]] = set()
+def _verbatim_class(cls: type[Any]) -> type[Any]:
+    # A subclass with a __dict__ for the line; entry classes themselves stay
+    # slot-only and untracked by the garbage collector, which keeps loading
+    # fast. It needs gc=True: msgspec requires it for a __dict__.
+    options = {"frozen": True, "gc": True, "dict": True, "tag": cls.__struct_config__.tag}
+    sub = types.new_class(cls.__name__, (cls,), options,
+                          lambda ns: ns.update(__reduce__=_reduce_verbatim,
+                                               __copy__=_copy_verbatim))
+    sub.__qualname__ = cls.__qualname__
+    sub.__module__ = cls.__module__
+    return sub
 
 
 def _verbatim(entry: Any, line: bytes) -> Entry:
     """``entry``, remembering that it was read from ``line``."""
-    cls = type(entry)
-    sub = _VERBATIM.get(cls)
-    if sub is None:
-        # A subclass with a __dict__ for the line; entry classes themselves
-        # stay slot-only and untracked by the garbage collector, which keeps
-        # loading fast. It needs gc=True: msgspec requires it for a __dict__.
-        options = {"frozen": True, "gc": True, "dict": True, "tag": cls.__struct_config__.tag}
-        sub = types.new_class(cls.__name__, (cls,), options,
-                              lambda ns: ns.update(__reduce__=_reduce_verbatim,
-                                                   __copy__=_copy_verbatim))
-        sub.__qualname__ = cls.__qualname__
-        sub.__module__ = cls.__module__
-        _VERBATIM[cls] = sub
-        _VERBATIM_CLASSES.add(sub)
-    copy = sub(**msgspec.structs.asdict(entry))
+    copy = _VERBATIM[type(entry)](**msgspec.structs.asdict(entry))
     copy.__dict__["_line"] = line
     return copy  # type: ignore[no-any-return]
 
@@ -167,6 +162,10 @@ def _copy_verbatim(entry: Any) -> Entry:
 def _unpickle_verbatim(base: type[Any], fields: dict[str, Any], line: bytes | None) -> Entry:
     entry = base(**fields)
     return entry if line is None else _verbatim(entry, line)
+
+
+_VERBATIM = {cls: _verbatim_class(cls) for cls in _ENTRY_CLASSES if cls is not OpaqueEntry}
+_VERBATIM_CLASSES = frozenset(_VERBATIM.values())
 
 
 def _line(entry: Entry) -> bytes:
