@@ -158,7 +158,9 @@ def test_s14_fork_killed_mid_copy_leaves_no_partial_child(tmp_path: Path) -> Non
 
     asyncio.run(setup())
     kills, partial_on_disk = 0, 0
-    for n in range(12):
+    for n in range(40):
+        if kills >= 10 and partial_on_disk >= 3:
+            break
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -169,7 +171,7 @@ def test_s14_fork_killed_mid_copy_leaves_no_partial_child(tmp_path: Path) -> Non
                 os._exit(0)
         os.close(write_fd)
         assert os.read(read_fd, 1) == b"w"
-        time.sleep(0.0005 * (n % 4))
+        time.sleep(0.0005 * (n % 3))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         os.close(read_fd)
