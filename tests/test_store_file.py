@@ -23,13 +23,18 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session import FileStore, MessageEntry, SessionRecord, Store
+from threadline.session import FileStore, MessageEntry, SessionRecord, Store, decode_entry
 from threadline.session import _file as file_module
-from threadline.session._codec import encode_entries, encode_init
+from threadline.session._codec import encode_entry, encode_init, frame
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
 from threadline.testing import StoreConformance, sample_entries
 from threadline.testing._conformance import check_concurrent_log
+
+
+def encode_entries(entries: list[Entry]) -> bytes:
+    """What one append_entries call of ``entries`` adds to a session file."""
+    return frame([encode_entry(e) for e in entries])
 
 
 def _files_of(store: object) -> FileStore:
@@ -532,3 +537,40 @@ async def test_s8_a_refused_call_in_a_group_commit_fails_alone(tmp_path: Path) -
     other = FileStore(tmp_path)
     with pytest.raises(StoreError, match="repeats an entry id"):
         await other.append_entries("s", [good[4][0]])
+
+
+async def test_s8_ids_in_batch_lines_count_beside_lines_that_do_not_decode(
+    tmp_path: Path,
+) -> None:
+    # The id index reads lines it cannot decode one by one; the ids inside a
+    # batch line still count then, and a field named "entries" on an entry
+    # of an unknown type does not hide that entry's id.
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    pair = [_msg("one")]
+    pair.append(_msg("two", pair[0].id))
+    await store.append_entries("s", pair)
+    path = store.path_for("s")
+    assert path.read_bytes().splitlines()[1].startswith(b'{"type":"batch","entries":[')
+    _append_raw(path, b'{"type":"message","id":"cut short\n'
+                      b'{"type":"from.the.future","id":"future-1","entries":5}\n')
+    repeats = [msgspec.structs.replace(e, message=UserMessage.of("changed")) for e in pair]
+    repeats.append(decode_entry(b'{"type":"from.the.future","id":"future-1","v":2}'))
+    for handle in (store, FileStore(tmp_path)):  # lines read since, and a whole file
+        for repeat in repeats:
+            with pytest.raises(StoreError, match="repeats an entry id"):
+                await handle.append_entries("s", [_msg("new"), repeat])
+    assert path.read_bytes().count(b"\n") == 4  # nothing was appended
+
+
+async def test_s17_a_store_opened_without_create_reads_and_writes_the_root(
+    tmp_path: Path,
+) -> None:
+    # create=False only refuses a missing folder; an existing one is served
+    # from the root resolved once, like any other store.
+    await FileStore(tmp_path).create_session(SessionRecord(id="s"))
+    reader = FileStore(tmp_path, create=False)
+    assert list(await reader.load_entries("s")) == []
+    await reader.append_entries("s", [_msg("hello")])
+    assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
+    assert len(await FileStore(tmp_path).load_entries("s")) == 1

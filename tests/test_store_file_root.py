@@ -256,7 +256,8 @@ def test_s18_bad_files_are_reported_by_name_and_hide_nothing(tmp_path: Path) -> 
     listed = _cli("--store", str(tmp_path), "list")
     assert listed.returncode == 0, listed.stderr
     assert all(r.id in listed.stdout for r in good)
-    assert "hello.jsonl" in listed.stdout.replace("\n", "")
+    # Stdout stays the table of sessions; the bad files are named on stderr.
+    assert "hello.jsonl" in listed.stderr.replace("\n", "")
     checked = _cli("--store", str(tmp_path), "check")
     assert checked.returncode == 1  # the bad files are problems
     assert all(f"{r.id}: 1 entries" in checked.stdout for r in good)

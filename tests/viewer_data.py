@@ -64,6 +64,9 @@ PAYLOADS = [
 ]
 HOSTILE = '"><svg onload=window.__pwned=1>'
 ALL = " ".join(PAYLOADS)
+# A session id may not hold NUL and is at most 1,024 bytes (one rule for every
+# store), so the lineage link carries every payload that fits an id.
+ALL_ID = ALL.replace("\x00", "").encode()[:1024].decode("utf-8", "ignore")
 
 
 async def build_chat(root: Path) -> None:
@@ -125,7 +128,7 @@ async def build_hostile(root: Path) -> None:
     """Every field a page shows holds payloads, including ids and kinds."""
     store = FileStore(root)
     try:
-        await store.create_session(SessionRecord(id=HOSTILE, parent_id=ALL))
+        await store.create_session(SessionRecord(id=HOSTILE, parent_id=ALL_ID))
         await store.create_session(SessionRecord(id=HOSTILE + " child", parent_id=HOSTILE))
         entries: list[Any] = [
             MessageEntry(id=_id(1), message=UserMessage(content=(

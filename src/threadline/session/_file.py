@@ -1,8 +1,10 @@
 """The JSON-lines file store (S8): one append-only file per session.
 
 Layout: ``<root>/<name>.jsonl``. Line 1 is a ``session_init`` object (format
-version, id, parent id, creation time); every later line is one entry, in
-append order. Nothing is ever rewritten.
+version, id, parent id, creation time); every later line holds what one
+``append_entries`` call added, in append order: one entry, or (format
+version 2) a ``batch`` line holding all the entries of a call of several.
+Nothing is ever rewritten.
 
 File names. An id made only of lowercase letters, digits, ``-`` and ``_``
 (at most 100 characters, not a Windows device name such as ``con``) is its
@@ -33,9 +35,13 @@ Writes:
   copy that fails is removed again. A batch that repeats an entry id of the
   file is refused (the ids come from a recent load on this store, or one
   read of the file, plus the lines other writers added, read under the lock;
-  an open file keeps its ids in memory, about 90 bytes per entry). All
-  lines then go out in one ``os.write`` (short writes are continued), then
-  ``fdatasync``, then the lock is released.
+  the ids inside ``batch`` lines count; an open file keeps its ids in
+  memory, about 90 bytes per entry). The call's entries then go out in one
+  ``os.write`` (short writes are continued), then ``fdatasync``, then the
+  lock is released. Several entries of one call are framed as one ``batch``
+  line (the codec's ``frame``), so a writer killed mid-write leaves a torn
+  last line, never part of a call. A file created at format version 1 keeps
+  one line per entry, which a version 1 reader can still read.
 - A failed fsync is never retried: the kernel may have dropped the dirty
   pages already, so a retry could report data as safe that is not. The store
   raises ``DurabilityError`` and refuses every later write on that object;
@@ -80,7 +86,8 @@ raises ``CorruptLog`` with the file and line number.
 Blocking I/O runs on the store's worker threads so the event loop is not
 stalled by an fsync or a large read. The one exception is a small append with
 ``durability="flush"`` to a session no worker is writing: it is a few system
-calls with no fsync, cheaper than the thread hop, so it runs inline. The
+calls with no fsync, cheaper than the thread hop, so it runs inline. It only
+tries the file lock; if another process holds it, a worker waits instead. The
 garbage collector is not paused while decoding: entry structs are not tracked
 by it, and pausing it measured no faster (``bench/store.py``).
 """
@@ -117,15 +124,15 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import _entry_decoder, decode_entry, decode_init, encode_entries
-from threadline.session._codec import encode_init as _encode_init
-from threadline.session._entries import (
-    _MISSING_TIMESTAMP,
-    CustomEntry,
-    Entry,
-    SessionRecord,
-    _decoding,
+from threadline.session._codec import (
+    decode_body,
+    decode_init,
+    encode_entry,
+    encode_init,
+    format_version,
+    frame,
 )
+from threadline.session._entries import Entry, SessionRecord
 from threadline.session._store import EntryLog, SessionPage, decode_cursor
 from threadline.session._storekit import (
     check_limit,
@@ -202,6 +209,14 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _read_head(fd: int) -> bytes:
+    """The start of a file, enough to hold its first line (one bounded read, mostly small)."""
+    head = os.pread(fd, _FIRST_READ, 0)
+    if b"\n" not in head and len(head) == _FIRST_READ:
+        head = os.pread(fd, _MAX_HEADER, 0)
+    return head
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -255,6 +270,8 @@ class _OpenLog(NamedTuple):
     ino: int
     path: Path
     known: _KnownIds
+    batch_lines: bool
+    """Whether a call of several entries is one ``batch`` line (format version 2 on)."""
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
@@ -294,33 +311,56 @@ class _KnownIds:
         self.size += end
 
 
-class _IdOnly(msgspec.Struct, gc=False):
+class _LineIds(msgspec.Struct, gc=False):
+    # Only what the id index needs from a stored line. ``entries`` stays raw
+    # JSON: it is parsed only for a ``batch`` line, since an entry of a type
+    # this version does not know may have a field of that name of any shape.
+    type: Any = None
+    id: Any = None
+    entries: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _EntryId(msgspec.Struct, gc=False):
     id: Any = None
 
 
-_id_decoder = msgspec.json.Decoder(_IdOnly)
+_line_ids_decoder = msgspec.json.Decoder(_LineIds)
+_batch_ids_decoder = msgspec.json.Decoder(list[_EntryId])
 
 
 def _ids_in(lines: memoryview) -> list[str]:
+    """The entry ids in complete JSON lines, those inside ``batch`` lines included."""
     try:
-        found = [e.id for e in _id_decoder.decode_lines(lines)]
+        items = _line_ids_decoder.decode_lines(lines)
     except msgspec.DecodeError:  # a damaged line has no id to clash with
-        found = []
+        items = []
         for line in bytes(lines).split(b"\n"):
             with contextlib.suppress(msgspec.DecodeError):
-                found.append(_id_decoder.decode(line).id)
+                items.append(_line_ids_decoder.decode(line))
+    found = [item.id for item in items if item.type != "batch"]
+    for item in items:
+        if item.type == "batch":
+            with contextlib.suppress(msgspec.DecodeError):  # damaged: no ids to clash with
+                found.extend(e.id for e in _batch_ids_decoder.decode(item.entries))
     return [i for i in found if isinstance(i, str)]
 
 
 class _Batch:
-    """One ``append_entries`` call's lines, and why it was refused, if it was."""
+    """One ``append_entries`` call's encoded lines, and why it was refused, if it was."""
 
-    __slots__ = ("data", "ids", "refused")
+    __slots__ = ("ids", "lines", "refused")
 
-    def __init__(self, data: bytes, ids: Sequence[str]) -> None:
-        self.data = data
+    def __init__(self, lines: list[bytes], ids: Sequence[str]) -> None:
+        self.lines = lines
         self.ids = ids
         self.refused: StoreError | None = None
+
+
+class _WouldBlock(Exception):
+    """Another process holds the session's lock; ``log`` is still open."""
+
+    def __init__(self, log: _OpenLog) -> None:
+        self.log = log
 
 
 class _Waiter(_Batch):
@@ -328,8 +368,9 @@ class _Waiter(_Batch):
 
     __slots__ = ("future", "loop")
 
-    def __init__(self, data: bytes, ids: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(data, ids)
+    def __init__(self, lines: list[bytes], ids: Sequence[str],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(lines, ids)
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
@@ -389,11 +430,11 @@ class FileStore:
         if not create:
             if not self.root.is_dir():
                 raise StoreError(f"no file store at {self.root}: the folder does not exist")
-            return
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        else:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
         # Resolved once: session paths are this directory plus a name with no
         # separator, opened with O_NOFOLLOW, so no path component after the
         # root can lead outside it.
@@ -420,14 +461,20 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
+        # Encoding checks every entry (InvalidEntry) before anything is read
+        # from it or written.
+        if len(entries) <= _INLINE_MAX_ENTRIES:
+            lines = [encode_entry(entry, session_id=session_id) for entry in entries]
+        else:  # checking a big batch takes long enough to stall the event loop
+            lines = await asyncio.to_thread(
+                lambda: [encode_entry(entry, session_id=session_id) for entry in entries])
         ids = [e.id for e in entries]
         if len(set(ids)) < len(ids):
             raise _repeats(session_id, self.path_for(session_id), "within the batch")
-        data = encode_entries(entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, _Batch(data, ids))):
+                and self._write_inline(session_id, _Batch(lines, ids))):
             return
-        waiter = _Waiter(data, ids, asyncio.get_running_loop())
+        waiter = _Waiter(lines, ids, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is not None:
@@ -519,10 +566,7 @@ class FileStore:
 
     def _read_record(self, fd: int, session_id: str | None, path: str | Path) -> SessionRecord:
         """Decode the first line (one bounded read) and check it names ``session_id``."""
-        head = os.pread(fd, _FIRST_READ, 0)
-        if b"\n" not in head and len(head) == _FIRST_READ:
-            head = os.pread(fd, _MAX_HEADER, 0)
-        return self._check_record(head, session_id, path)
+        return self._check_record(_read_head(fd), session_id, path)
 
     def _check_record(
         self, data: bytes, session_id: str | None, path: str | Path
@@ -554,7 +598,7 @@ class FileStore:
         check_record(record)
         self._check_writable(record.id)
         path = self.path_for(record.id)
-        line = _encode_init(record) + b"\n"
+        line = encode_init(record) + b"\n"
         tmp = self._dir / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -625,7 +669,8 @@ class FileStore:
 
         Without fsync a small append is a few microseconds of system calls,
         less than the thread hop (bench/store.py); with fsync it can take
-        milliseconds, which the event loop must not wait for.
+        milliseconds, which the event loop must not wait for. Nor may it wait
+        for another process's lock: then a worker does the append.
         """
         with self._lock:
             if session_id in self._queues:
@@ -634,7 +679,10 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, log, [batch])
+            kept = self._write(session_id, log, [batch], block=False)
+        except _WouldBlock as busy:
+            kept = busy.log
+            return False
         finally:
             with self._lock:
                 self._next_group(session_id, kept, inline=True)
@@ -648,22 +696,28 @@ class FileStore:
         try:
             st = os.fstat(fd)
             # Unlocked: line 1 is complete from creation and never rewritten.
-            self._read_record(fd, session_id, path)
+            head = _read_head(fd)
+            self._check_record(head, session_id, path)
+            # A version 1 reader cannot read batch lines, so a file created
+            # at version 1 keeps one line per entry.
+            batch_lines = format_version(head[:head.find(b"\n")]) >= 2
         except BaseException:
             os.close(fd)
             raise
         with self._lock:
             loaded = self._loaded_ids.pop(session_id, None)
         known = loaded[2] if loaded and loaded[:2] == (st.st_dev, st.st_ino) else _KnownIds()
-        return _OpenLog(fd, st.st_dev, st.st_ino, path, known)
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, batch_lines)
 
     def _write(self, session_id: str, log: _OpenLog | None,
-               batches: Sequence[_Batch]) -> _OpenLog:
+               batches: Sequence[_Batch], *, block: bool = True) -> _OpenLog:
         """Append the batches under the file lock; return the file, still open.
 
         A batch repeating an id already in the file (or in an earlier batch of
         the group) is left out and marked ``refused``. ``log`` is a file this
-        store opened before, or None. On error it is closed.
+        store opened before, or None. On error it is closed. Without
+        ``block``, raises ``_WouldBlock`` (the file still open) if another
+        process holds the lock.
         """
         try:
             self._check_writable(session_id)
@@ -671,7 +725,10 @@ class FileStore:
             while True:
                 if log is None:
                     log = self._open_log(session_id, path)
-                fcntl.flock(log.fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(log.fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise _WouldBlock(log) from None
                 size = log.size_if_current()
                 if size >= 0:
                     break
@@ -686,6 +743,8 @@ class FileStore:
                 log.known.size = end
             fcntl.flock(log.fd, fcntl.LOCK_UN)
             return log
+        except _WouldBlock:
+            raise
         except BaseException as exc:
             if log is not None:
                 os.close(log.fd)  # also releases the lock
@@ -696,14 +755,14 @@ class FileStore:
 
     def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
                session_id: str) -> bytes:
-        """The lines of the batches that repeat no id; the ids become known."""
+        """The framed lines of the batches that repeat no id; the ids become known."""
         known = log.known
         known.catch_up(log.fd, size)
         admitted = []
         for batch in batches:
             if known.ids.isdisjoint(batch.ids):
                 known.ids.update(batch.ids)
-                admitted.append(batch.data)
+                admitted.append(frame(batch.lines, batch=log.batch_lines))
             else:
                 batch.refused = _repeats(session_id, log.path, "already in the session")
         return b"".join(admitted)
@@ -788,9 +847,11 @@ class FileStore:
             lineno = data.count(b"\n", 0, end) + 1
             diagnostics.append(
                 f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
-                f"with no newline), left by an append that did not finish"
+                f"with no newline), left by an append that did not finish; none of that "
+                f"append's entries are kept (several entries of one call share one line)"
             )
-        entries = _decode_body(data, first + 1, end, session_id, path)
+        entries = decode_body(data, first + 1, end, session_id=session_id, path=str(path),
+                              first_line=2)
         self._remember_ids(session_id, st, end, entries)
         return EntryLog(entries, diagnostics)
 
@@ -848,9 +909,7 @@ class FileStore:
             # fails); no fstat here, it was a tenth of the listing's cost.
             fd = os.open(path, _LIST_FLAGS)
             try:
-                head = os.pread(fd, _FIRST_READ, 0)
-                if len(head) == _FIRST_READ and b"\n" not in head:
-                    head = os.pread(fd, _MAX_HEADER, 0)
+                head = _read_head(fd)
             finally:
                 os.close(fd)
         except FileNotFoundError:
@@ -985,38 +1044,3 @@ os.register_at_fork(after_in_child=_forget_parent_state)
 def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
-
-def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path) -> list[Entry]:
-    """Decode the entry lines in ``data[start:end]`` (line 2 on).
-
-    One msgspec call decodes the whole body in the common case. When that
-    fails, decoding line by line finds the bad line's number and turns entry
-    types this version does not know into opaque entries.
-    """
-    _decoding.active = True  # a line missing its id or timestamp must not get a new one
-    try:
-        entries: list[Any] = _entry_decoder.decode_lines(memoryview(data)[start:end])
-    except msgspec.DecodeError:
-        pass
-    else:
-        # decode_lines skips blank lines; this store never writes one, so a
-        # count mismatch means damage that the slow path will name.
-        if len(entries) == data.count(b"\n", start, end):
-            for i, entry in enumerate(entries):
-                if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
-                    break  # a header without id or timestamp: the slow path names the line
-                # The codec gives registered kinds their class, and copies an
-                # unregistered kind's raw bytes out of the whole file's buffer.
-                if type(entry) is CustomEntry:
-                    entries[i] = decode_entry(
-                        msgspec.json.encode(entry), session_id=session_id,
-                        path=str(path), lineno=i + 2,
-                    )
-            else:
-                return entries
-    finally:
-        _decoding.active = False
-    return [
-        decode_entry(line, session_id=session_id, path=str(path), lineno=n)
-        for n, line in enumerate(data[start:end].split(b"\n")[:-1], start=2)
-    ]

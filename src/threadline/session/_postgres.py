@@ -342,6 +342,7 @@ class PostgresStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
+        datas = [encode_entry(e, session_id=sid) for e in entries]
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
@@ -349,7 +350,7 @@ class PostgresStore:
             "sid": sid, "n": len(entries),
             "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
             "types": [entry_type(e) for e in entries],
-            "datas": [encode_entry(e) for e in entries],
+            "datas": datas,
         }
 
         async def op(conn: Conn) -> int:
