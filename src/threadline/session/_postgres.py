@@ -414,10 +414,11 @@ class PostgresStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
+        datas = [encode_entry(e, session_id=sid) for e in entries]
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        ids, datas = [e.id for e in entries], [encode_entry(e) for e in entries]
+        ids = [e.id for e in entries]
         params = {
             "sid": sid, "n": len(entries), "ids": ids,
             "parents": [e.parent_id for e in entries],
