@@ -9,8 +9,8 @@ the same process and run, two ways:
 - floor: ``msgspec.json.decode`` of every line into plain dicts, which is
   the least any reader of the file must do.
 
-The ratio is import / floor, with and without encoding the entries the way a
-store writes them (``encode_entries``). Timings are the best of several
+The ratio is import / floor, with and without encoding the entries one line
+each (``export_lines``, as an export writes them). Timings are the best of several
 repetitions (the machine may be shared; the minimum is the least disturbed).
 
     .venv/bin/python bench/importers.py            # full
@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 from threadline.integrations.importers import import_claude_code, import_pi
-from threadline.session import encode_entries
+from threadline.session._codec import export_lines
 
 RESULTS = Path(__file__).resolve().parent / "results" / "importers.json"
 T0 = 1_764_000_000_000
@@ -114,7 +114,7 @@ def measure(name: str, data: bytes, importer: Callable[[bytes, str], Any],
     lines = data.split(b"\n")[:-1]
     floor = best_ns(lambda: [msgspec.json.decode(line) for line in lines], reps)
     imported = best_ns(lambda: importer(data, "bench.jsonl"), reps)
-    encoded = best_ns(lambda: [encode_entries(s.entries) for s in importer(data, "b")], reps)
+    encoded = best_ns(lambda: [export_lines(s.entries) for s in importer(data, "b")], reps)
     return {
         "scenario": name,
         "lines": len(lines),

@@ -59,7 +59,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord
-from threadline.session._codec import _WireEntry, encode_entries
+from threadline.session._codec import _Batch, _WireEntry, encode_entry, export_lines
 
 RESULTS = Path(__file__).parent / "results" / "store.json"
 WORDS = [
@@ -177,7 +177,7 @@ def bench_append(root: Path, preload: int, samples: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             await store.append_entries(sid, [entry])
             store_s.append(time.perf_counter() - t0)
-            data = encode_entries([entry])
+            data = encode_entry(entry) + b"\n"
             t0 = time.perf_counter()
             os.write(floor_fd, data)
             os.fdatasync(floor_fd)
@@ -207,7 +207,7 @@ def bench_concurrent(root: Path, tasks: int, per_task: int) -> dict[str, Any]:
     store = FileStore(root / "concurrent")
     sid = "concurrent"
     entries = realistic_entries(tasks * per_task, seed=5)
-    lines = [encode_entries([e]) for e in entries]
+    lines = [encode_entry(e) + b"\n" for e in entries]
     floor_fd = os.open(root / "floor-concurrent.jsonl",
                        os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
@@ -251,7 +251,8 @@ def bench_open(root: Path, n: int, repeats: int) -> dict[str, Any]:
         asyncio.run(store.append_entries(sid, entries[start:start + 10_000]))
     path = store.path_for(sid)
     size = path.stat().st_size
-    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
+    # The same types, and the batch lines the store writes for calls of many entries.
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch)
 
     def floor() -> int:
         gc.disable()
@@ -259,7 +260,13 @@ def bench_open(root: Path, n: int, repeats: int) -> dict[str, Any]:
             with open(path, "rb") as f:
                 data = f.read()
             body = memoryview(data)[data.index(b"\n") + 1:]
-            return len(decoder.decode_lines(body))
+            entries: list[Any] = []
+            for item in decoder.decode_lines(body):
+                if type(item) is _Batch:
+                    entries.extend(item.entries)
+                else:
+                    entries.append(item)
+            return len(entries)
         finally:
             gc.enable()
 
@@ -328,7 +335,7 @@ def bench_list(root: Path, n: int, repeats: int) -> dict[str, Any]:
             await asyncio.gather(*(store.create_session(SessionRecord(id=i)) for i in ids))
 
     asyncio.run(fill())
-    body = encode_entries(realistic_entries(2))
+    body = export_lines(realistic_entries(2))
     for item in os.scandir(root):
         with open(item.path, "ab") as f:
             f.write(body)

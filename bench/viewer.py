@@ -6,7 +6,7 @@
 Prints a table and writes bench/results/viewer.json.
 
 - render: ``render_html`` of a session (every entry escaped and laid out as
-  the tree plus the model's view) against ``encode_entries`` of the same
+  the tree plus the model's view) against ``export_lines`` of the same
   entries, which is what ``export --format jsonl`` writes.
 - page: one ``GET /session`` from the running viewer (loading the log from a
   file store, reading lineage, rendering, sending) against the store's
@@ -44,7 +44,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.session import Entry, FileStore, MessageEntry, SessionRecord, TreeIndex
-from threadline.session._codec import encode_entries
+from threadline.session._codec import export_lines
 from threadline.viewer import render_html, serve
 
 RESULTS = Path(__file__).parent / "results" / "viewer.json"
@@ -151,7 +151,7 @@ def main() -> None:
             entries = session(n)
             tree = TreeIndex(entries, session_id="s")
             html_s = best(lambda t=tree: render_html(t), repeat)
-            jsonl_s = best(lambda e=entries: encode_entries(e), repeat)
+            jsonl_s = best(lambda e=entries: export_lines(e), repeat)
             sid = f"s{n}"
             asyncio.run(write(sid, entries))
             page_s, load_s = page_times(root, sid, repeat)

@@ -270,8 +270,10 @@ def test_s28_corrupt_line_with_markup_is_reported_literally(
     tmp_path: Path, terminal: bool
 ) -> None:
     make_hostile_store(tmp_path)
-    with FileStore(tmp_path).path_for(SID).open("ab") as f:
+    path = FileStore(tmp_path).path_for(SID)
+    with path.open("ab") as f:
         f.write(b'{"type":"message","id":"[/bold]\\u001b[2J" [/] \x1b[2J\n')
+    where = b"line %d" % path.read_bytes().count(b"\n")  # the last line
     for argv in (["check"], ["show", SID], ["check", "--json"]):
         if terminal:
             code, out = tl_pty("--store", str(tmp_path), *argv)
@@ -279,6 +281,6 @@ def test_s28_corrupt_line_with_markup_is_reported_literally(
             proc = tl("--store", str(tmp_path), *argv, check=False)
             code, out = proc.returncode, (proc.stdout + proc.stderr).encode()
         assert code == 1, out
-        assert b"Traceback" not in out and b"line 8" in out, out
+        assert b"Traceback" not in out and where in out, out
         assert b"[/bold]" in out, out
         check_output(out, terminal=terminal)

@@ -15,7 +15,8 @@ import pytest
 from cli_helpers import CLI, tl, tl_pty
 from test_cli_safety import SID, make_hostile_store
 from threadline import __version__
-from threadline.session import FileStore, SessionRecord, SQLiteStore
+from threadline.session import FileStore, SessionRecord, SQLiteStore, decode_lines
+from threadline.session._codec import export_lines
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +102,24 @@ def test_export_import_round_trips_through_every_store(
     make_hostile_store(src)
     original = FileStore(src).path_for(SID).read_bytes()
     exported = tl("--store", str(src), "export", SID).stdout.encode("utf-8", "surrogateescape")
-    assert exported == original
-    dump = tmp_path / "dump.jsonl"
+    # The file's own bytes, its batch line (one append of five entries) opened
+    # up into one line per entry.
+    head, body = original.split(b"\n", 1)
+    assert b'{"type":"batch"' in body
+    assert exported == head + b"\n" + export_lines(decode_lines(body))
+    # The session file itself imports, and so does the export.
+    dump, export = tmp_path / "dump.jsonl", tmp_path / "export.jsonl"
     dump.write_bytes(original)
+    export.write_bytes(exported)
     for url in (str(tmp_path / "files"), f"sqlite:///{tmp_path / 'x.db'}",
                 f"{pg_url}?schema={pg_schema}"):
         out = json.loads(tl("--store", url, "import", str(dump), "--json").stdout)
         assert out == {"session_id": SID, "file": str(dump), "entries": 6, "mapped": 6,
                        "kept_raw": 0, "extra_fields": {}, "status": "copied"}
         again = tl("--store", url, "export", SID).stdout.encode("utf-8", "surrogateescape")
-        assert again == original, url
+        assert again == exported, url
         # Importing again changes nothing and says so.
-        assert "already present" in tl("--store", url, "import", str(dump)).stdout
+        assert "already present" in tl("--store", url, "import", str(export)).stdout
 
 
 def test_import_refuses_to_overwrite_a_different_session(tmp_path: Path) -> None:

@@ -24,15 +24,16 @@ from threadline.ai._messages import (
     Usage,
     UserMessage,
 )
-from threadline.errors import ConfigError, CorruptLog
+from threadline.errors import ConfigError, CorruptLog, InvalidEntry
 from threadline.session._codec import (
-    SessionInit,
+    _InitLine,
     decode_entry,
     decode_init,
-    encode_entries,
+    decode_lines,
     encode_entry,
     encode_init,
 )
+from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
@@ -234,7 +235,7 @@ def test_session_init_carries_format_version_and_record() -> None:
 
 
 def test_session_init_from_a_newer_format_is_refused_with_where() -> None:
-    line = msgspec.json.encode(SessionInit(version=FORMAT_VERSION + 1, id="s", created_at=TS))
+    line = msgspec.json.encode(_InitLine(version=FORMAT_VERSION + 1, id="s", created_at=TS))
     with pytest.raises(CorruptLog) as info:
         decode_init(line, path="root/s.jsonl")
     assert str(info.value).startswith("root/s.jsonl line 1: ")
@@ -332,7 +333,10 @@ def test_s9_custom_kinds_is_a_copy() -> None:
 
 
 def test_s9_registered_kind_with_data_that_does_not_fit_is_corrupt_log() -> None:
-    line = encode_entry(CustomEntry(id="c", timestamp=TS, kind=TODO_KIND, data={"title": 3}))
+    entry = CustomEntry(id="c", timestamp=TS, kind=TODO_KIND, data={"title": 3})
+    with pytest.raises(InvalidEntry, match="Todo"):  # never stored ...
+        encode_entry(entry)
+    line = msgspec.json.encode(entry)  # ... but another program may write it
     with pytest.raises(CorruptLog) as info:
         decode_entry(line, path="s.jsonl", lineno=9)
     assert str(info.value).startswith("s.jsonl line 9: custom entry of kind 'test_codec.todo'")
@@ -383,7 +387,9 @@ def test_unknown_type_is_kept_as_opaque_and_reencoded_unchanged() -> None:
         (b'{"type":"message","timestamp":"2025-01-01T00:00:00Z",'
          b'"message":{"role":"user","content":[]}}', "expected an entry with an id"),
         (b'{"type":"custom","id":"","timestamp":"2025-01-01T00:00:00Z","kind":"k","data":1}',
-         "expected an entry with an id"),
+         "expected an entry"),
+        (b'{"type":"future","id":"","timestamp":"2025-01-01T00:00:00Z"}',
+         "expected an entry"),
         (b'{"type":"compaction","id":"a","summary":"s","first_kept_entry_id":"b"}',
          "expected an entry with an id and a timestamp"),
     ],
@@ -408,7 +414,8 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=12,
 )
-_ids = st.text(min_size=1, max_size=20)
+_ids = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1,
+               max_size=20)
 _opt_str = st.none() | st.text(max_size=20)
 _ts = st.datetimes(timezones=st.just(UTC))
 
@@ -504,3 +511,87 @@ def test_design_doc_example_session_file_decodes_and_reencodes_unchanged() -> No
     assert [type(e).__name__ for e in decoded] == ["MessageEntry"] * 3 + ["CustomEntry"]
     assert [e.parent_id for e in decoded[1:]] == [e.id for e in decoded[:-1]]
     assert encode_entries(decoded) == b"\n".join(rest) + b"\n"
+
+
+# -- foreign lines byte for byte (S15) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # a field this version does not know, on each kind of entry
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00Z","message":'
+        b'{"role":"user","content":[]},"new_field":{"x":[1,2]}}',
+        b'{"type":"custom","id":"a","timestamp":"2025-01-01T00:00:00Z","kind":"unreg.k",'
+        b'"data":1,"extra":true}',
+        b'{"type":"compaction","id":"a","timestamp":"2025-01-01T00:00:00Z","summary":"s",'
+        b'"first_kept_entry_id":"b","model":"m"}',
+        # registered data with a field its class lacks, and in another key order
+        b'{"type":"custom","id":"a","timestamp":"2025-01-01T00:00:00Z","kind":"test_codec.todo",'
+        b'"data":{"done":true,"title":"t","due":"friday"}}',
+        # timestamps spelled another way
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00.12Z","message":'
+        b'{"role":"user","content":[]}}',
+        b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00+00:00","message":'
+        b'{"role":"user","content":[]}}',
+        # key order, spacing and escapes this version would not write
+        b'{"id":"a", "type":"message","timestamp":"2025-01-01T00:00:00Z","message":'
+        b'{"content":[{"text":"\\u00e9\\/","type":"text"}],"role":"user"}}',
+    ],
+)
+def test_s15_line_this_version_would_write_differently_reencodes_byte_for_byte(
+    line: bytes,
+) -> None:
+    entry = decode_entry(line)
+    assert encode_entry(entry) == line
+    assert decode_lines(line + b"\n" + line.replace(b'"a"', b'"b"', 1)) == [
+        entry, decode_entry(line.replace(b'"a"', b'"b"', 1))]
+    assert encode_entry(decode_lines(line)[0]) == line
+    # Values are decoded as usual ...
+    assert not isinstance(entry, OpaqueEntry)
+    plain = type(entry).__mro__[1]
+    assert isinstance(entry, plain) and type(entry).__name__ == plain.__name__
+    # ... and a changed copy is written as this version writes.
+    changed = msgspec.structs.replace(entry, parent_id="p")
+    assert encode_entry(changed) == msgspec.json.encode(plain(**msgspec.structs.asdict(changed)))
+
+
+def test_s15_batch_line_entries_keep_their_own_bytes() -> None:
+    odd = (b'{"type":"message","id":"x","timestamp":"2025-01-01T00:00:00.5Z","message":'
+           b'{"role":"user","content":[]},"k":1}')
+    plain = encode_entry(SAMPLES["branch_summary"])
+    batch = b'{"type":"batch","entries":[' + plain + b"," + odd + b"]}"
+    entries = decode_lines(batch + b"\n")
+    assert [encode_entry(e) for e in entries] == [plain, odd]
+
+
+# -- what may be stored (S16) -----------------------------------------------------------
+
+
+def test_s16_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[" * 500 + "{" * 500 + '\\"]' + "}" * 10
+    entry = MessageEntry(id="a", timestamp=TS, message=UserMessage.of(text))
+    assert decode_entry(encode_entry(entry)) == entry
+
+
+def test_s16_line_numbers_and_blank_lines_in_many_lines() -> None:
+    line = encode_entry(SAMPLES["branch_summary"])
+    with pytest.raises(CorruptLog) as info:
+        decode_lines(line + b"\n\n" + line + b"\n", path="x.jsonl", first_line=2)
+    assert (info.value.path, info.value.line) == ("x.jsonl", 3)
+    deep = b"[" * 10_000 + b"]" * 10_000
+    with pytest.raises(CorruptLog) as info:
+        decode_lines(line + b"\n" + deep, path="x.jsonl")
+    assert info.value.line == 2 and len(str(info.value)) < 300
+
+
+def test_s15_an_entry_read_from_a_foreign_line_pickles_with_its_line() -> None:
+    import copy
+    import pickle
+
+    line = (b'{"type":"message","id":"a","timestamp":"2025-01-01T00:00:00.1Z","message":'
+            b'{"role":"user","content":[]},"x":1}')
+    entry = decode_entry(line)
+    for clone in (pickle.loads(pickle.dumps(entry)), copy.deepcopy(entry), copy.copy(entry)):
+        assert clone == entry
+        assert encode_entry(clone) == line

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 from threadline.ai._messages import TextPart, ToolResultMessage, UserMessage
 from threadline.errors import CorruptLog, InvalidSessionId
 from threadline.session import FileStore, MessageEntry, SessionRecord, check_session_id
-from threadline.session._codec import encode_entries, encode_entry, encode_init
+from threadline.session._codec import encode_entry, encode_init
+from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
 from threadline.testing._conformance import _process_append, check_concurrent_log
@@ -241,7 +242,8 @@ async def test_s8_bad_line_before_the_end_names_file_and_line(
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="bad"))
     entries = [_msg(f"entry {n}") for n in range(5)]
-    await store.append_entries("bad", entries)
+    for entry in entries:  # one line each
+        await store.append_entries("bad", [entry])
     path = tmp_path / "bad.jsonl"
     lines = path.read_bytes().split(b"\n")
     lines[lineno - 1] = DAMAGE[damage]  # line 6 is the last line, newline intact

@@ -47,7 +47,7 @@ from threadline.session import (
     TreeIndex,
     build_context,
 )
-from threadline.session._codec import encode_entries
+from threadline.session._codec import export_lines
 from threadline.stores import CopyResult, copy_sessions
 from threadline.testing import assert_valid_for_providers
 
@@ -319,7 +319,7 @@ def test_s30_importing_again_gives_the_same_bytes(tmp_path: Path) -> None:
     first, second = every_import(db), every_import(db)
     for a, b in zip(first, second, strict=True):
         assert a.record == b.record
-        assert encode_entries(a.entries) == encode_entries(b.entries)
+        assert export_lines(a.entries) == export_lines(b.entries)
 
 
 def test_s30_agents_sqlite_maps_items_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -438,7 +438,7 @@ def test_s30_import_twice_never_duplicates_in_any_store(
                 assert r["extra_fields"] == imp.extra_fields
         for sid, imp in expected.items():
             exported = tl("--store", url, "export", sid).stdout.encode()
-            assert exported.split(b"\n", 1)[1] == encode_entries(imp.entries), (url, sid)
+            assert exported.split(b"\n", 1)[1] == export_lines(imp.entries), (url, sid)
 
 
 def test_s30_import_into_the_memory_store_and_again(tmp_path: Path) -> None:

@@ -23,13 +23,18 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session import FileStore, MessageEntry, SessionRecord, Store
+from threadline.session import FileStore, MessageEntry, SessionRecord, Store, decode_entry
 from threadline.session import _file as file_module
-from threadline.session._codec import encode_entries, encode_init
+from threadline.session._codec import encode_entry, encode_init, frame
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
 from threadline.testing import StoreConformance, sample_entries
-from threadline.testing._conformance import assert_same_entries, check_concurrent_log
+from threadline.testing._conformance import _aclose, assert_same_entries, check_concurrent_log
+
+
+def encode_entries(entries: list[Entry]) -> bytes:
+    """What one append_entries call of ``entries`` adds to a session file."""
+    return frame([encode_entry(e) for e in entries])
 
 
 def _files_of(store: object) -> FileStore:
@@ -559,15 +564,112 @@ async def test_s8_a_retry_in_the_same_group_commit_as_its_original_succeeds(
     assert_same_entries(loaded[2:], batch)
 
 
-async def test_a_reader_opened_with_create_false_lists_and_loads(tmp_path: Path) -> None:
-    # create=False only skips making the folder; the store still resolves its
-    # root, which listing and opening files go through.
-    writer = FileStore(tmp_path / "sessions")
-    await writer.create_session(SessionRecord(id="s"))
-    await writer.append_entries("s", [(entry := _msg("hello"))])
-    reader = FileStore(tmp_path / "sessions", create=False)
+
+async def test_s8_ids_in_batch_lines_count_beside_lines_that_do_not_decode(
+    tmp_path: Path,
+) -> None:
+    # The id index reads lines it cannot decode one by one; the ids inside a
+    # batch line still count then, and a field named "entries" on an entry
+    # of an unknown type does not hide that entry's id.
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    pair = [_msg("one")]
+    pair.append(_msg("two", pair[0].id))
+    await store.append_entries("s", pair)
+    path = store.path_for("s")
+    assert path.read_bytes().splitlines()[1].startswith(b'{"type":"batch","entries":[')
+    _append_raw(path, b'{"type":"message","id":"cut short\n'
+                      b'{"type":"from.the.future","id":"future-1","entries":5}\n')
+    repeats = [msgspec.structs.replace(e, message=UserMessage.of("changed")) for e in pair]
+    repeats.append(decode_entry(b'{"type":"from.the.future","id":"future-1","v":2}'))
+    for handle in (store, FileStore(tmp_path)):  # lines read since, and a whole file
+        for repeat in repeats:
+            with pytest.raises(StoreError, match="repeats an entry id"):
+                await handle.append_entries("s", [_msg("new"), repeat])
+    assert path.read_bytes().count(b"\n") == 4  # nothing was appended
+
+
+async def test_s17_a_store_opened_without_create_reads_and_writes_the_root(
+    tmp_path: Path,
+) -> None:
+    # create=False only refuses a missing folder; an existing one is served
+    # from the root resolved once, like any other store.
+    await FileStore(tmp_path).create_session(SessionRecord(id="s"))
+    reader = FileStore(tmp_path, create=False)
+    assert list(await reader.load_entries("s")) == []
+    await reader.append_entries("s", [_msg("hello")])
     assert [r.id for r in (await reader.list_sessions()).sessions] == ["s"]
-    assert [e.id for e in await reader.load_entries("s")] == [entry.id]
+    assert len(await FileStore(tmp_path).load_entries("s")) == 1
     with pytest.raises(StoreError, match="does not exist"):
         FileStore(tmp_path / "nowhere", create=False)
     assert not (tmp_path / "nowhere").exists()
+
+
+def _as_version_1(path: Path) -> None:
+    """Mark a fresh session file as written by format version 1 (one line per entry)."""
+    data = path.read_bytes()
+    assert b'"version":2' in data.split(b"\n", 1)[0]
+    path.write_bytes(data.replace(b'"version":2', b'"version":1', 1))
+
+
+async def test_s25_a_retry_is_checked_against_the_batch_line_and_v1_lines(
+    tmp_path: Path,
+) -> None:
+    # A call of several entries is one batch line (format 2), or one line per
+    # entry (a version 1 file): either way the retry, or the retry of a run of
+    # it, is the same bytes in the file's order and stores nothing, while a
+    # changed entry, a skip or another order is refused.
+    for version in (2, 1):
+        store = FileStore(tmp_path / f"v{version}")
+        await store.create_session(SessionRecord(id="s"))
+        if version == 1:
+            _as_version_1(store.path_for("s"))
+        batch = [_msg("a")]
+        batch += [_msg("b", batch[0].id), _msg("c")]
+        await store.append_entries("s", [_msg("before")])
+        await store.append_entries("s", batch)
+        path = store.path_for("s")
+        size = path.stat().st_size
+        assert (path.read_bytes().count(b"\n") == 3) is (version == 2)
+        for handle in (store, FileStore(tmp_path / f"v{version}")):  # offsets known, or not
+            for retry in (batch, batch[1:], batch[:2], [batch[1]]):
+                await handle.append_entries("s", retry)
+            changed = msgspec.structs.replace(batch[2], message=UserMessage.of("changed"))
+            for conflict in ([batch[0], batch[2]], [batch[1], batch[0]], [*batch[:2], changed]):
+                with pytest.raises(StoreError, match="not a retry"):
+                    await handle.append_entries("s", conflict)
+        assert path.stat().st_size == size
+        assert_same_entries((await FileStore(tmp_path / f"v{version}").load_entries("s"))[1:],
+                            batch)
+
+
+async def test_s26_file_watch_resumes_inside_a_batch_line_and_waits_for_a_torn_line(
+    tmp_path: Path,
+) -> None:
+    # One line may hold a whole call's entries: a watcher yields them one by
+    # one, resumes after any of them, and reads a line only once it is whole.
+    store = FileStore(tmp_path)
+    store.watch_interval = 0.01
+    await store.create_session(SessionRecord(id="s"))
+    batch = [_msg(str(n)) for n in range(5)]
+    await store.append_entries("s", batch)
+    for entry in list(batch):
+        watch = store.watch("s", after=entry.id)
+        later = [_msg(f"after {entry.id}")]
+        await store.append_entries("s", later)
+        rest = batch[batch.index(entry) + 1:] + later
+        got = [await anext(watch) for _ in rest]
+        await _aclose(watch)
+        assert [e.id for e in got] == [e.id for e in rest]
+        batch += later
+    path = store.path_for("s")
+    watch = store.watch("s", after=batch[-1].id)
+    pending = asyncio.ensure_future(anext(watch))
+    _append_raw(path, b'{"type":"batch","entries":[{"type":"message","id":"to')
+    await asyncio.sleep(0.1)
+    assert not pending.done()  # a line still being written is not read
+    pair = [_msg("x"), _msg("y")]
+    await store.append_entries("s", pair)  # cuts the torn tail off first
+    assert (await pending).id == pair[0].id
+    assert (await anext(watch)).id == pair[1].id
+    await _aclose(watch)

@@ -64,9 +64,9 @@ PAYLOADS = [
 ]
 HOSTILE = '"><svg onload=window.__pwned=1>'
 ALL = " ".join(PAYLOADS)
-# The most hostile text a session id may hold: the one session-id rule keeps
-# NUL out of ids and bounds them at 1,024 UTF-8 bytes; content keeps ALL.
-ALL_ID = ALL.replace("\x00", "")[:1000]
+# A session id may not hold NUL and is at most 1,024 bytes (one rule for every
+# store), so the lineage link carries every payload that fits an id.
+ALL_ID = ALL.replace("\x00", "").encode()[:1024].decode("utf-8", "ignore")
 
 
 async def build_chat(root: Path) -> None:

@@ -13,6 +13,7 @@ errors) are translated where they cross into threadline and chained with
     |   +-- SessionNotFound
     |   +-- SessionExists
     |   +-- InvalidSessionId
+    |   +-- InvalidEntry             an entry refused before anything was written
     |   +-- CorruptLog               a stored line/row that cannot be decoded
     |   +-- DurabilityError          fsync/commit failed; the handle is poisoned
     |   +-- CopyConflict             copy_sessions found a different destination
@@ -44,6 +45,7 @@ __all__ = [
     "DecisionConflict",
     "DurabilityError",
     "EntryNotFound",
+    "InvalidEntry",
     "InvalidSessionId",
     "ModelError",
     "NoLoopError",
@@ -130,6 +132,26 @@ class SessionExists(StoreError):
 class InvalidSessionId(StoreError):
     """The id breaks the one session-id rule: not a non-empty ``str`` of valid
     Unicode without NUL, at most 1,024 UTF-8 bytes (``check_session_id``)."""
+
+
+class InvalidEntry(StoreError):
+    """An entry a store refused before writing anything of the call.
+
+    Raised for what could not be stored so that it loads back exactly: an
+    empty id, text that is not valid Unicode, nesting deeper than the codec's
+    ``MAX_DEPTH``, a value JSON cannot carry (NaN, bytes, ...). ``entry_id``
+    names the entry when it has a usable id.
+    """
+
+    def __init__(
+        self, problem: str, *, session_id: str | None = None, entry_id: str | None = None
+    ) -> None:
+        what = f"entry {entry_id!r}" if entry_id else "an entry"
+        where = f"session {session_id!r}: " if session_id is not None else ""
+        super().__init__(f"{where}{what} {problem}; nothing was appended",
+                         session_id=session_id)
+        self.entry_id = entry_id
+        self.problem = problem
 
 
 class CorruptLog(StoreError):

@@ -6,8 +6,10 @@ dictionary entry here; ``export --format`` and ``import --format`` offer
 whatever the dictionaries hold.
 
 The default ``jsonl`` export is threadline's own file format (a
-``session_init`` line, then every entry as stored), so ``import`` reads it
-back into any store with the same record and the same entry bytes.
+``session_init`` line, then every entry as stored, one per line), so
+``import`` reads it back into any store with the same record and the same
+entry bytes. ``import`` also takes a session file as the file store keeps
+it, whose ``batch`` lines (format version 2) hold several entries each.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from threadline.integrations.importers import (
     import_claude_code,
     import_pi,
 )
-from threadline.session._codec import decode_entry, decode_init, encode_entries, encode_init
+from threadline.session._codec import decode_init, decode_lines, encode_init, export_lines
 from threadline.session._context import build_context
 from threadline.session._entries import (
     BranchSummaryEntry,
@@ -49,9 +51,11 @@ Exporter = Callable[[SessionRecord, TreeIndex, bool], bytes]
 
 
 def _export_jsonl(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
-    # To a file or a pipe: the stored bytes exactly, like ``cat`` of the file
-    # (JSON escapes ESC and BEL already); to a terminal, C1 and bidi escaped too.
-    data = encode_init(record) + b"\n" + encode_entries(tree.entries)
+    # To a file or a pipe: every entry's stored bytes exactly, one per line (a
+    # file store's batch lines opened up, so every store exports a session
+    # the same; JSON escapes ESC and BEL already); to a terminal, C1 and bidi
+    # escaped too.
+    data = encode_init(record) + b"\n" + export_lines(tree.entries)
     return json_bytes(data, escape=terminal)
 
 
@@ -129,14 +133,14 @@ def _import_threadline(data: bytes, name: str) -> list[Imported]:
         lines.pop()
     if not lines:
         raise CorruptLog("the file is empty; expected a session_init line", path=name, line=1)
+    starts = [i for i, line in enumerate(lines) if i == 0 or line.startswith(_INIT)]
     found: list[Imported] = []
-    for lineno, line in enumerate(lines, 1):
-        if lineno == 1 or line.startswith(_INIT):
-            record = decode_init(line, path=name, lineno=lineno)
-            found.append(Imported(record, []))
-        else:
-            found[-1].entries.append(
-                decode_entry(line, session_id=found[-1].record.id, path=name, lineno=lineno))
+    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        record = decode_init(lines[start], path=name, lineno=start + 1)
+        # One decode per session: the codec reads batch lines as well.
+        body = b"".join(line + b"\n" for line in lines[start + 1:end])
+        entries = decode_lines(body, session_id=record.id, path=name, first_line=start + 2)
+        found.append(Imported(record, entries))
     return found
 
 

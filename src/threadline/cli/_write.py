@@ -23,7 +23,7 @@ from threadline.cli._output import visible
 from threadline.cli._read import add_json
 from threadline.cli._render import resolve
 from threadline.errors import ConfigError
-from threadline.session._codec import encode_entries
+from threadline.session._codec import export_lines
 from threadline.session._memory import MemoryStore
 from threadline.session._tree import TreeIndex
 from threadline.stores import CopyProgress, CopyResult, copy_sessions
@@ -120,8 +120,8 @@ def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Impor
         sid = item.record.id
         if sid not in seen:
             seen[sid] = (name, item)
-        elif (seen[sid][1].record, encode_entries(seen[sid][1].entries)) != (
-                item.record, encode_entries(item.entries)):
+        elif (seen[sid][1].record, export_lines(seen[sid][1].entries)) != (
+                item.record, export_lines(item.entries)):
             raise ConfigError(f"{seen[sid][0]} and {name} hold different versions of session "
                               f"{sid!r}; import one of them")
     return list(seen.values())

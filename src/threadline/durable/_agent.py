@@ -46,7 +46,7 @@ from threadline.errors import (
     SessionExists,
     SessionNotFound,
 )
-from threadline.session._codec import rechain_opaque
+from threadline.session._codec import rechain_opaque, stored_form
 from threadline.session._context import build_context
 from threadline.session._entries import (
     BranchSummaryEntry,
@@ -69,6 +69,9 @@ log = logging.getLogger("threadline.durable")
 RunInput: TypeAlias = str | Message | Sequence[Message]
 
 _OPENING = object()  # only open() and fork() build agents: they load, create and repair
+
+_CHECK_INLINE = 64
+"""Appends of up to this many entries are checked on the event loop's thread."""
 
 
 class PublishError(AgentError):
@@ -356,18 +359,29 @@ class DurableAgent:
 
         The child's record has ``parent_id`` set to this session. Entries get
         fresh ids, re-chained in order, each keeping ``origin_id`` = the id it
-        copies; all are written in one ``append_entries`` call. On error no
-        event is published (a child record may exist without entries).
+        copies; all are written in one ``append_entries`` call, so a failed or
+        killed fork leaves the child with all of them or none. On error no
+        event is published. Calling ``fork`` again with the id of a child that
+        a failed fork left behind finishes that fork: an empty child gets the
+        copies, a complete copy of the active path is taken as it is.
         """
         child_id = new_id() if session_id is None else check_session_id(session_id)
         self._check_not_inside_run("fork")
         async with self._lock:
             path = self._tree.path()
-            await self._store.create_session(
-                SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
-            )
-            copies = _rechain(path)
-            if copies:
+            copies = await asyncio.to_thread(stored_form, _rechain(path), session_id=child_id)
+            try:
+                await self._store.create_session(
+                    SessionRecord(id=child_id, parent_id=self._session_id, created_at=utcnow())
+                )
+            except SessionExists:
+                if session_id is None:
+                    raise
+                done = await self._left_by_failed_fork(child_id, path)
+                copies = done if done else copies
+            else:
+                done = []
+            if copies and not done:
                 await self._store.append_entries(child_id, copies)
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
@@ -383,6 +397,24 @@ class DurableAgent:
             child,
         )
         return child
+
+    async def _left_by_failed_fork(self, child_id: str, path: Sequence[Entry]) -> list[Entry]:
+        """The entries of ``child_id`` if an earlier fork of this path left it: none
+        (the copy never landed) or exactly the copy. Anything else is refused."""
+        existing = list(await self._store.load_entries(child_id))
+        load_session = getattr(self._store, "load_session", None)
+        parent = (await load_session(child_id)).parent_id if load_session is not None else None
+        copied = [_origin(e) for e in existing] == [e.id for e in path]
+        if parent == self._session_id and (not existing or copied):
+            return existing
+        lineage = ("its lineage cannot be read from this store" if load_session is None
+                   else f"its parent_id is {parent!r}")
+        raise SessionExists(
+            child_id,
+            f"{self._store!r}; it is not what a failed fork of session {self._session_id!r} "
+            f"leaves (it has {len(existing)} entries, {lineage}), so fork will not write "
+            f"into it: choose another id, or delete that session first",
+        )
 
     async def compact(
         self,
@@ -511,6 +543,12 @@ class DurableAgent:
         batch = _chained(items, self._tree.leaf_id)
         if not batch:
             return []
+        # Hold copies of what the store keeps, not the caller's objects: a
+        # dict the caller mutates later must not change this agent's view.
+        if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
+            batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
+        else:
+            batch = stored_form(batch, session_id=self._session_id)
         if not shielded:
             await append_retrying(self._store, self._session_id, batch)
             self._add(batch)
@@ -818,6 +856,13 @@ def _chained(items: Sequence[Message | Entry], parent: str | None) -> list[Entry
 
 def _same_input(entry: Entry, message: Message) -> bool:
     return isinstance(entry, MessageEntry) and entry.message == message
+
+
+def _origin(entry: Entry) -> str | None:
+    if isinstance(entry, OpaqueEntry):
+        origin = msgspec.json.decode(entry.raw).get("origin_id")
+        return origin if isinstance(origin, str) else None
+    return entry.origin_id
 
 
 def _rechain(path: Sequence[Entry]) -> list[Entry]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from threadline.session._codec import decode_entry, encode_entries, encode_entry
+from threadline.session._codec import MAX_DEPTH, decode_entry, decode_lines, encode_entry
 from threadline.session._context import build_context, normalize_tool_pairs
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_DEPTH",
     "BranchSummaryEntry",
     "CatalogStore",
     "CompactionEntry",
@@ -63,7 +64,7 @@ __all__ = [
     "check_session_id",
     "custom_kinds",
     "decode_entry",
-    "encode_entries",
+    "decode_lines",
     "encode_entry",
     "new_id",
     "normalize_tool_pairs",

@@ -1,27 +1,37 @@
-"""The JSON-lines codec shared by every store.
+"""The JSON-lines codec: every byte a store writes or reads passes through here.
 
 One entry encodes to one line of compact JSON with a ``type`` discriminator.
-The file store writes these lines as they are; the SQL stores keep the same
-bytes in a column, so a session copied between stores stays byte-identical.
+The SQL and memory stores keep each entry's line as it is; the file store
+writes the lines of one ``append_entries`` call with ``frame`` (a call of
+several entries becomes one ``batch`` line, so a crash cannot leave half of
+it), and reads a file body with ``decode_lines``.
 
-Decoding is strict about what it knows and lenient about what it does not:
-a known ``type`` with bad fields is an error (``CorruptLog``); an unknown
-``type`` becomes an ``OpaqueEntry`` and an unregistered custom kind keeps its
-raw payload, both written back unchanged. A ``session_init`` line from a newer
-format version is refused up front rather than misread line by line.
+Writing is strict: ``encode_entry`` refuses, with ``InvalidEntry``, anything
+that would not load back exactly as it was given (bad ids, lone surrogates,
+nesting beyond ``MAX_DEPTH``, values JSON cannot carry such as NaN or bytes),
+so no store ever holds a line it cannot read.
+
+Reading is strict about what this version knows and faithful to what it does
+not: a known ``type`` with bad fields is ``CorruptLog``; an unknown ``type``
+becomes an ``OpaqueEntry``; a line this version would not write byte for byte
+(fields it does not know, a timestamp spelled ``.12Z`` or ``+00:00``, another
+key order) decodes to its usual class but remembers the line, and encodes
+back to exactly those bytes until it is changed (``msgspec.structs.replace``
+gives a plain entry again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+import types
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
-from threadline.errors import CorruptLog
+from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
-    _MISSING_TIMESTAMP,
     FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,
@@ -31,76 +41,271 @@ from threadline.session._entries import (
     MessageEntry,
     OpaqueEntry,
     SessionRecord,
-    _decoding,
-    _registered,
+    registered,
 )
 
 __all__ = [
     "KNOWN_TYPES",
-    "SessionInit",
+    "MAX_DEPTH",
+    "decode_body",
     "decode_entry",
     "decode_init",
-    "encode_entries",
+    "decode_lines",
     "encode_entry",
     "encode_init",
+    "export_lines",
+    "format_version",
+    "frame",
+    "rechain_opaque",
+    "stored_form",
 ]
+
+MAX_DEPTH = 100
+"""Deepest JSON nesting an entry's line may have, its own object included.
+
+Far below what the decoder's recursion can take, so a stored line always
+loads, whatever the caller's stack depth."""
 
 KNOWN_TYPES = frozenset(
     {"message", "compaction", "branch_summary", "custom", "custom_message"}
 )
+# Line types that are not entries; a line claiming one of them is never opaque.
+_FRAMING_TYPES = frozenset({"session_init", "batch"})
 
 
-class SessionInit(msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
-                  tag="session_init", gc=False):
+class _InitLine(msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
+                tag="session_init", gc=False):
     """The first line of a session file: the record plus the format version."""
 
-    version: int = FORMAT_VERSION
+    version: int = 1
     id: str
     parent_id: str | None = None
     created_at: datetime
 
 
-_WireEntry = (
+class _Version(msgspec.Struct, gc=False):
+    version: int = 1
+
+
+_WireEntry: TypeAlias = (
     MessageEntry | CompactionEntry | BranchSummaryEntry | CustomEntry[msgspec.Raw]
     | CustomMessageEntry
 )
-_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
-_init_decoder = msgspec.json.Decoder(SessionInit)
-_encoder = msgspec.json.Encoder()
 
 
-class _LooseHeader(msgspec.Struct, gc=False):
+class _Batch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
+    """Several entries appended by one call, as one line (format version 2)."""
+
+    entries: list[_WireEntry]
+
+
+class _RawBatch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
+    entries: list[msgspec.Raw]
+
+
+class _Header(msgspec.Struct, gc=False):
     type: str
     id: str
     parent_id: str | None = None
     timestamp: datetime | None = None
 
 
-_loose_decoder = msgspec.json.Decoder(_LooseHeader)
+class _Type(msgspec.Struct, gc=False):
+    type: str
 
 
-def encode_entry(entry: Entry) -> bytes:
+_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
+_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch)
+_raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
+_header_decoder = msgspec.json.Decoder(_Header)
+_type_decoder = msgspec.json.Decoder(_Type)
+_init_decoder = msgspec.json.Decoder(_InitLine)
+_version_decoder = msgspec.json.Decoder(_Version)
+_encoder = msgspec.json.Encoder()
+
+_ENTRY_CLASSES = (MessageEntry, CompactionEntry, BranchSummaryEntry, CustomEntry,
+                  CustomMessageEntry, OpaqueEntry)
+
+# -- entries read from lines this version would write differently -------------
+
+def _verbatim_class(cls: type[Any]) -> type[Any]:
+    # A subclass with a __dict__ for the line; entry classes themselves stay
+    # slot-only and untracked by the garbage collector, which keeps loading
+    # fast. It needs gc=True: msgspec requires it for a __dict__.
+    options = {"frozen": True, "gc": True, "dict": True, "tag": cls.__struct_config__.tag}
+    sub = types.new_class(cls.__name__, (cls,), options,
+                          lambda ns: ns.update(__reduce__=_reduce_verbatim,
+                                               __copy__=_copy_verbatim))
+    sub.__qualname__ = cls.__qualname__
+    sub.__module__ = cls.__module__
+    return sub
+
+
+def _verbatim(entry: Any, line: bytes) -> Entry:
+    """``entry``, remembering that it was read from ``line``."""
+    copy = _VERBATIM[type(entry)](**msgspec.structs.asdict(entry))
+    copy.__dict__["_line"] = line
+    return copy  # type: ignore[no-any-return]
+
+
+def _reduce_verbatim(entry: Any) -> tuple[Any, ...]:
+    # The subclass is made at run time, so pickle could not find it by name.
+    base = type(entry).__mro__[1]
+    return (_unpickle_verbatim, (base, msgspec.structs.asdict(entry), entry.__dict__.get("_line")))
+
+
+def _copy_verbatim(entry: Any) -> Entry:
+    return _unpickle_verbatim(*_reduce_verbatim(entry)[1])
+
+
+def _unpickle_verbatim(base: type[Any], fields: dict[str, Any], line: bytes | None) -> Entry:
+    entry = base(**fields)
+    return entry if line is None else _verbatim(entry, line)
+
+
+_VERBATIM = {cls: _verbatim_class(cls) for cls in _ENTRY_CLASSES if cls is not OpaqueEntry}
+_VERBATIM_CLASSES = frozenset(_VERBATIM.values())
+
+
+def _line(entry: Entry) -> bytes:
     if isinstance(entry, OpaqueEntry):
         return entry.raw
+    if type(entry) in _VERBATIM_CLASSES:
+        line = entry.__dict__.get("_line")
+        if line is not None:
+            return line  # type: ignore[no-any-return]
+        # A changed copy (msgspec.structs.replace): written as this version writes.
+        entry = type(entry).__mro__[1](**msgspec.structs.asdict(entry))
     return _encoder.encode(entry)
 
 
-def encode_entries(entries: Iterable[Entry]) -> bytes:
-    """Entries as JSON lines, each terminated by a newline."""
-    buf = bytearray()
-    for entry in entries:
-        if isinstance(entry, OpaqueEntry):
-            buf += entry.raw
+# -- writing ------------------------------------------------------------------
+
+
+def _id_problem(what: str, value: object, *, optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        return f"has {what} {value!r}, not a non-empty string"
+    if "\x00" in value:
+        return f"has {what} {value!r}, which contains NUL (not every store can hold it)"
+    return None
+
+
+def _header_problem(entry: Any) -> str | None:
+    return (_id_problem("entry id", entry.id, optional=False)
+            or _id_problem("parent_id", entry.parent_id, optional=True))
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _depth(line: bytes) -> int:
+    """How deeply the JSON in ``line`` nests (a bound, when that is clearly enough)."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return MAX_DEPTH  # cannot be deeper
+    depth = deepest = 0
+    for byte in _STRING.sub(b"", line).translate(None, _NOT_BRACKET):
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
         else:
-            _encoder.encode_into(entry, buf, len(buf))
-        buf += b"\n"
-    return bytes(buf)
+            depth -= 1
+    return deepest
+
+
+def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
+    """The line for ``entry`` and the entry a store gives back for it."""
+    def refuse(problem: str) -> InvalidEntry:
+        entry_id = getattr(entry, "id", None)
+        return InvalidEntry(problem, session_id=session_id,
+                            entry_id=entry_id if isinstance(entry_id, str) else None)
+
+    if not isinstance(entry, _ENTRY_CLASSES):
+        raise refuse(f"is not an entry: got {type(entry).__name__}")
+    if type(entry) in _VERBATIM_CLASSES and "_line" not in entry.__dict__:
+        entry = type(entry).__mro__[1](**msgspec.structs.asdict(entry))  # type: ignore[arg-type]
+    problem = _header_problem(entry)
+    if problem is not None:
+        raise refuse(problem)
+    try:
+        line = _line(entry)
+    except UnicodeEncodeError as exc:
+        raise refuse("holds text that is not valid Unicode (a lone surrogate such as "
+                     f"'\\ud800' at position {exc.start} of a string)") from exc
+    except RecursionError as exc:
+        raise refuse(f"is nested deeper than {MAX_DEPTH} levels") from exc
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise refuse(f"cannot be encoded as JSON: {exc}") from exc
+    if _depth(line) > MAX_DEPTH:
+        raise refuse(f"is nested deeper than {MAX_DEPTH} levels")
+    if b"\n" in line:
+        raise refuse("has a raw line that contains a newline")
+    try:
+        back = decode_entry(line, session_id=session_id)
+    except CorruptLog as exc:
+        raise refuse(f"would not load back: {exc.detail}") from exc
+    if not _same(back, entry):
+        raise refuse(
+            "would not load back as given: it holds a value JSON cannot carry exactly "
+            "(NaN or infinity, bytes, a tuple, a non-string dict key, a datetime in "
+            "untyped data, ...)"
+        )
+    return line, back
+
+
+def _same(back: Entry, entry: Entry) -> bool:
+    if back == entry:
+        return True
+    if type(back) is not CustomEntry or not isinstance(entry, CustomEntry):
+        return False
+    if isinstance(entry.data, msgspec.Raw):
+        # Raw JSON is written as it is, and its kind's class (if any) read it.
+        return msgspec.structs.replace(back, data=entry.data) == entry
+    # An unregistered kind loads as raw JSON: compare what that JSON holds.
+    return (isinstance(back.data, msgspec.Raw)
+            and msgspec.structs.replace(back, data=msgspec.json.decode(back.data)) == entry)
+
+
+def encode_entry(entry: Entry, *, session_id: str | None = None) -> bytes:
+    """``entry`` as one line of compact JSON, without the newline.
+
+    Raises ``InvalidEntry`` (naming ``session_id`` and the entry) for an
+    entry that would not load back exactly as given; stores call this before
+    writing anything. An entry decoded from a stored line encodes to that line.
+    """
+    return _check(entry, session_id)[0]
+
+
+def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> list[Entry]:
+    """Fresh copies of ``entries``, as a store will give them back (validated)."""
+    return [_check(entry, session_id)[1] for entry in entries]
+
+
+def frame(lines: Sequence[bytes], *, batch: bool = True) -> bytes:
+    """What one ``append_entries`` call of these lines adds to a session file.
+
+    One line is written as it is. Several become one ``batch`` line, so a
+    reader sees all of them or, if the writer died, a torn last line; with
+    ``batch=False`` (a format version 1 file) they are written one per line.
+    """
+    if len(lines) > 1 and batch:
+        return b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
+    return b"".join(line + b"\n" for line in lines)
+
+
+def export_lines(entries: Sequence[Entry]) -> bytes:
+    """Entries one per line, as read (no checks, no batch lines): for export."""
+    return frame([_line(entry) for entry in entries], batch=False)
 
 
 def encode_init(record: SessionRecord) -> bytes:
-    return _encoder.encode(
-        SessionInit(id=record.id, parent_id=record.parent_id, created_at=record.created_at)
-    )
+    return _encoder.encode(_InitLine(version=FORMAT_VERSION, id=record.id,
+                                     parent_id=record.parent_id, created_at=record.created_at))
+
+
+# -- reading ------------------------------------------------------------------
 
 
 def decode_init(
@@ -108,7 +313,7 @@ def decode_init(
 ) -> SessionRecord:
     try:
         init = _init_decoder.decode(line)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise CorruptLog(
             f"expected a session_init line, got {_preview(line)} ({exc})",
             session_id=session_id, path=path, line=lineno,
@@ -124,66 +329,188 @@ def decode_init(
     return SessionRecord(id=init.id, parent_id=init.parent_id, created_at=init.created_at)
 
 
+def format_version(init_line: bytes) -> int:
+    """The format version a (valid) ``session_init`` line declares."""
+    return _version_decoder.decode(init_line).version
+
+
 def decode_entry(
     line: bytes | memoryview | str, *, session_id: str | None = None, path: str | None = None,
     lineno: int | None = None,
 ) -> Entry:
     """Decode one line. ``path`` and ``lineno`` only shape the error message."""
-    _decoding.active = True
+    data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
+    where = (session_id, path, lineno)
     try:
-        entry = _entry_decoder.decode(line)
+        entry = _entry_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        opaque = _opaque(line)
+        opaque = _opaque(data, where)
         if opaque is not None:
             return opaque
-        raise CorruptLog(
-            f"expected an entry, got {_preview(line)} ({exc})",
-            session_id=session_id, path=path, line=lineno,
-        ) from exc
+        raise _corrupt(f"expected an entry, got {_preview(data)} ({exc})", where) from exc
     except msgspec.DecodeError as exc:
-        raise CorruptLog(
-            f"not valid JSON: {_preview(line)} ({exc})",
-            session_id=session_id, path=path, line=lineno,
-        ) from exc
-    finally:
-        _decoding.active = False
-    if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
-        raise CorruptLog(
-            f"expected an entry with an id and a timestamp, got {_preview(line)}",
-            session_id=session_id, path=path, line=lineno,
-        )
+        raise _corrupt(f"not valid JSON: {_preview(data)} ({exc})", where) from exc
+    except RecursionError as exc:
+        raise _corrupt(f"nested too deeply to decode: {_preview(data)}", where) from exc
+    return _settle(entry, data, where)
+
+
+_Where: TypeAlias = tuple[str | None, str | None, int | None]
+
+
+def _corrupt(detail: str, where: _Where) -> CorruptLog:
+    return CorruptLog(detail, session_id=where[0], path=where[1], line=where[2])
+
+
+def _settle(entry: Any, line: bytes, where: _Where) -> Entry:
+    """Finish a decoded entry: check its header, type its custom data, keep odd bytes."""
     if type(entry) is CustomEntry:
-        cls = _registered(entry.kind)
-        if cls is not None:
-            try:
-                data = msgspec.json.decode(entry.data, type=cls)
-            except msgspec.DecodeError as exc:
-                raise CorruptLog(
-                    f"custom entry of kind {entry.kind!r} does not decode into "
-                    f"{cls.__qualname__}: {exc}",
-                    session_id=session_id, path=path, line=lineno,
-                ) from exc
-            entry = msgspec.structs.replace(entry, data=data)
-        else:
-            # A decoded Raw is a view into the input; copy it so one unregistered
-            # entry does not keep a whole session file's buffer alive.
-            entry = msgspec.structs.replace(entry, data=entry.data.copy())
-    return entry  # type: ignore[no-any-return]
+        entry = _custom(entry, where)
+    if _encoder.encode(entry) == line:
+        return entry  # type: ignore[no-any-return]
+    # Not how this version writes it. A header field the line lacks got a
+    # default while decoding; that must not pass for a stored value.
+    try:
+        header = _header_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        raise _corrupt(f"expected an entry with an id and a timestamp, got {_preview(line)}",
+                       where) from exc
+    if header.timestamp is None:
+        raise _corrupt(f"expected an entry with an id and a timestamp, got {_preview(line)}",
+                       where)
+    return _verbatim(entry, line)
 
 
-def _opaque(line: bytes | memoryview | str) -> OpaqueEntry | None:
+def _custom(entry: CustomEntry[msgspec.Raw], where: _Where) -> Entry:
+    cls = registered(entry.kind)
+    if cls is None:
+        # A decoded Raw is a view into the input; copy it so one unregistered
+        # entry does not keep a whole session file's buffer alive.
+        return msgspec.structs.replace(entry, data=entry.data.copy())
+    try:
+        data = msgspec.json.decode(entry.data, type=cls)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _corrupt(f"custom entry of kind {entry.kind!r} does not decode into "
+                       f"{cls.__qualname__}: {exc}", where) from exc
+    return msgspec.structs.replace(entry, data=data)
+
+
+def _opaque(line: bytes, where: _Where) -> OpaqueEntry | None:
     """An entry of a type this version does not know, or None if it is just broken."""
     try:
-        header = _loose_decoder.decode(line)
-    except msgspec.DecodeError:
+        header = _header_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError):
         return None
-    if header.type in KNOWN_TYPES or header.type == "session_init":
+    if header.type in KNOWN_TYPES or header.type in _FRAMING_TYPES:
         return None
-    raw = line.encode() if isinstance(line, str) else bytes(line)
-    return OpaqueEntry(
-        type=header.type, id=header.id, parent_id=header.parent_id,
-        timestamp=header.timestamp, raw=raw.strip(),
-    )
+    if not header.id or header.parent_id == "":
+        raise _corrupt(f"expected an entry with an id, got {_preview(line)}", where)
+    return OpaqueEntry(type=header.type, id=header.id, parent_id=header.parent_id,
+                       timestamp=header.timestamp, raw=line)
+
+
+def decode_lines(
+    data: bytes | memoryview, *, session_id: str | None = None, path: str | None = None,
+    first_line: int = 1,
+) -> list[Entry]:
+    """Every entry in JSON lines (a session file after its first line, an export).
+
+    ``batch`` lines yield their entries. ``first_line`` numbers the first line
+    in error messages.
+    """
+    buf = bytes(data)
+    if buf and not buf.endswith(b"\n"):
+        buf += b"\n"
+    return decode_body(buf, 0, len(buf), session_id=session_id, path=path,
+                       first_line=first_line)
+
+
+def decode_body(
+    data: bytes, start: int, end: int, *, session_id: str | None = None,
+    path: str | None = None, first_line: int = 1,
+) -> list[Entry]:
+    """``decode_lines`` of ``data[start:end]``, which ends in a newline, without a copy."""
+    where = (session_id, path, first_line)
+    try:
+        items: list[Any] = _line_decoder.decode_lines(memoryview(data)[start:end])
+    except (msgspec.DecodeError, RecursionError):
+        return _decode_each(data[start:end], where)
+    entries = _flatten(items, (session_id, path, first_line))
+    # The common case ends here: every line is exactly what this version
+    # writes for what was decoded. Encoding back costs far less than decoding,
+    # and it also catches what decode_lines lets by: a blank line, a header
+    # field that was missing and got its default.
+    if not _written_as_decoded(items, data, start, end):
+        return _decode_each(data[start:end], where)
+    return entries
+
+
+def _flatten(items: list[Any], where: _Where) -> list[Entry]:
+    """The entries of decoded lines, custom data typed (``items`` changed to match)."""
+    kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
+    if _Batch not in kinds and CustomEntry not in kinds:
+        return items
+    session_id, path, first = where
+    entries: list[Entry] = []
+    for i, item in enumerate(items):
+        where = (session_id, path, (first or 1) + i)
+        if type(item) is CustomEntry:
+            items[i] = _custom(item, where)
+        if type(item) is not _Batch:
+            entries.append(items[i])
+            continue
+        batch: list[Any] = item.entries
+        if CustomEntry in set(map(type, batch)):
+            for j, entry in enumerate(batch):
+                if type(entry) is CustomEntry:
+                    batch[j] = _custom(entry, where)
+        entries.extend(batch)
+    return entries
+
+
+def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
+    """Whether ``items`` encode to exactly ``data[pos:end]``."""
+    i = 0
+    while i < len(items):
+        # Encode a run of up to 2048 single-entry lines, or one batch line,
+        # at a time: the copy stays small next to the file.
+        j = i + 1
+        if type(items[i]) is not _Batch:
+            while j < len(items) and j - i < 2048 and type(items[j]) is not _Batch:
+                j += 1
+        encoded = _encoder.encode_lines(items[i:j])
+        if not data.startswith(encoded, pos):
+            return False
+        pos += len(encoded)
+        i = j
+    return pos == end
+
+
+def _decode_each(body: bytes, where: _Where) -> list[Entry]:
+    session_id, path, first = where
+    entries: list[Entry] = []
+    lines = body.split(b"\n")[:-1]
+    for n, line in enumerate(lines, start=first or 1):
+        entries.extend(_decode_line(line, (session_id, path, n)))
+    return entries
+
+
+def _decode_line(line: bytes, where: _Where) -> list[Entry]:
+    try:
+        kind = _type_decoder.decode(line).type
+    except msgspec.DecodeError as exc:
+        raise _corrupt(f"not an entry: {_preview(line)} ({exc})", where) from exc
+    except RecursionError as exc:
+        raise _corrupt(f"nested too deeply to decode: {_preview(line)}", where) from exc
+    if kind != "batch":
+        return [decode_entry(line, session_id=where[0], path=where[1], lineno=where[2])]
+    try:
+        batch = _raw_batch_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _corrupt(f"expected a batch of entries, got {_preview(line)} ({exc})",
+                       where) from exc
+    return [decode_entry(raw, session_id=where[0], path=where[1], lineno=where[2])
+            for raw in batch.entries]
 
 
 def rechain_opaque(entry: OpaqueEntry, *, id: str, parent_id: str | None) -> OpaqueEntry:

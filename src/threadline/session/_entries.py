@@ -8,14 +8,15 @@ pointers make the log a tree; the order of lines is the append order.
 Schema rules: a new field always has a default; a field's type never changes;
 an entry ``type`` this version does not know is kept as an ``OpaqueEntry`` and
 written back unchanged; a custom ``kind`` nobody registered keeps its payload
-as raw JSON bytes. ``FORMAT_VERSION`` sits in every ``session_init`` line.
+as raw JSON bytes; a stored line this version would not write byte for byte
+(unknown fields, another timestamp spelling) is written back as it was read.
+``FORMAT_VERSION`` sits in every ``session_init`` line.
 """
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Annotated, Any, Generic, TypeAlias, TypeVar
 
 import msgspec
 
@@ -38,30 +39,13 @@ __all__ = [
     "utcnow",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 T = TypeVar("T")
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-# While the codec decodes a stored line, a missing header field must not be
-# filled in: an invented id would differ on every load and cut the entry off
-# from its children, an invented timestamp would lie. The header defaults then
-# yield these markers and the codec reports the line as corrupt.
-_decoding = threading.local()
-_MISSING_ID = ""
-_MISSING_TIMESTAMP = datetime.min.replace(tzinfo=UTC)
-
-
-def _default_id() -> str:
-    return _MISSING_ID if getattr(_decoding, "active", False) else new_id()
-
-
-def _default_timestamp() -> datetime:
-    return _MISSING_TIMESTAMP if getattr(_decoding, "active", False) else utcnow()
 
 
 class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -76,11 +60,16 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     created_at: datetime = msgspec.field(default_factory=utcnow)
 
 
+# A stored id is never empty: decoding refuses one (the codec checks the
+# rest, and checks entries built in code before a store writes them).
+_Id: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
+
+
 class _Header(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
               tag_field="type"):
-    id: str = msgspec.field(default_factory=_default_id)
-    parent_id: str | None = None
-    timestamp: datetime = msgspec.field(default_factory=_default_timestamp)
+    id: _Id = msgspec.field(default_factory=new_id)
+    parent_id: _Id | None = None
+    timestamp: datetime = msgspec.field(default_factory=utcnow)
     origin_id: str | None = None
     """For an entry copied by fork: the id of the source entry it copies."""
 
@@ -188,5 +177,5 @@ def custom_kinds() -> dict[str, type[Any]]:
     return dict(_CUSTOM)
 
 
-def _registered(kind: str) -> type[Any] | None:
+def registered(kind: str) -> type[Any] | None:
     return _CUSTOM.get(kind)

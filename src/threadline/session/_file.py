@@ -1,8 +1,10 @@
 """The JSON-lines file store (S8): one append-only file per session.
 
 Layout: ``<root>/<name>.jsonl``. Line 1 is a ``session_init`` object (format
-version, id, parent id, creation time); every later line is one entry, in
-append order. Nothing is ever rewritten.
+version, id, parent id, creation time); every later line holds what one
+``append_entries`` call added, in append order: one entry, or (format
+version 2) a ``batch`` line holding all the entries of a call of several.
+Nothing is ever rewritten.
 
 File names. An id made only of lowercase letters, digits, ``-`` and ``_``
 (at most 100 characters, not a Windows device name such as ``con``) is its
@@ -31,15 +33,20 @@ Writes:
   line has no newline (a writer died mid-write), the fragment is copied to
   ``<name>.jsonl.torn-<n>`` and the file truncated to its last newline; a
   copy that fails is removed again. A batch that repeats an entry id of the
-  file is refused, unless every one of its lines is in the file already,
-  byte for byte and in order: that is a retry of an append that was stored,
-  and it succeeds without writing (S8). The ids come from a recent load on
-  this store, or one read of the file, plus the lines other writers added,
-  read under the lock; an open file keeps its ids in memory, about 100
-  bytes per entry, with the offset of each line this store wrote. The
-  offsets of the other lines are found, with one more read, only when a
-  batch repeats an id. All lines then go out in one ``os.write`` (short
-  writes are continued), then ``fdatasync``, then the lock is released.
+  file is refused, unless the batch is stored already, byte for byte and
+  as one run in order: that is a retry of an append that was stored, and it
+  succeeds without writing (S25). The ids come from a recent load on this
+  store, or one read of the file, plus the lines other writers added, read
+  under the lock; the ids inside ``batch`` lines count; an open file keeps
+  its ids in memory, about 100 bytes per entry, with the offset of the line
+  of each entry this store wrote. The offsets of the other lines are found,
+  with one more read, only when a batch repeats an id. The call's entries
+  then go out in one ``os.write`` (short writes are continued), then
+  ``fdatasync``, then the lock is released. Several entries of one call are
+  framed as one ``batch`` line (the codec's ``frame``), so a writer killed
+  mid-write leaves a torn last line, never part of a call. A file created at
+  format version 1 keeps one line per entry, which a version 1 reader can
+  still read.
 - A failed fsync is never retried: the kernel may have dropped the dirty
   pages already, so a retry could report data as safe that is not. The store
   raises ``DurabilityError`` and refuses every later write on that object;
@@ -84,7 +91,8 @@ raises ``CorruptLog`` with the file and line number.
 Blocking I/O runs on the store's worker threads so the event loop is not
 stalled by an fsync or a large read. The one exception is a small append with
 ``durability="flush"`` to a session no worker is writing: it is a few system
-calls with no fsync, cheaper than the thread hop, so it runs inline. The
+calls with no fsync, cheaper than the thread hop, so it runs inline. It only
+tries the file lock; if another process holds it, a worker waits instead. The
 garbage collector is not paused while decoding: entry structs are not tracked
 by it, and pausing it measured no faster (``bench/store.py``).
 """
@@ -122,15 +130,16 @@ from threadline.errors import (
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import _entry_decoder, decode_entry, decode_init, encode_entries
-from threadline.session._codec import encode_init as _encode_init
-from threadline.session._entries import (
-    _MISSING_TIMESTAMP,
-    CustomEntry,
-    Entry,
-    SessionRecord,
-    _decoding,
+from threadline.session._codec import (
+    decode_body,
+    decode_init,
+    decode_lines,
+    encode_entry,
+    encode_init,
+    format_version,
+    frame,
 )
+from threadline.session._entries import Entry, SessionRecord
 from threadline.session._store import EntryLog, SessionPage, chain_after, decode_cursor
 from threadline.session._storekit import (
     check_limit,
@@ -209,6 +218,14 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _read_head(fd: int) -> bytes:
+    """The start of a file, enough to hold its first line (one bounded read, mostly small)."""
+    head = os.pread(fd, _FIRST_READ, 0)
+    if b"\n" not in head and len(head) == _FIRST_READ:
+        head = os.pread(fd, _MAX_HEADER, 0)
+    return head
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -262,6 +279,8 @@ class _OpenLog(NamedTuple):
     ino: int
     path: Path
     known: _KnownIds
+    batch_lines: bool
+    """Whether a call of several entries is one ``batch`` line (format version 2 on)."""
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
@@ -308,58 +327,138 @@ class _KnownIds:
         self.size += end
 
     def add(self, ids: Sequence[str], data: bytes, offset: int) -> None:
-        """Record a batch's ids, its lines ``data`` about to be written at ``offset``."""
-        if len(ids) == 1:
-            self.ids[ids[0]] = offset
-            return
-        start = 0
-        for entry_id in ids:
+        """Record a batch's ids, its framed lines ``data`` about to be written at ``offset``."""
+        for entry_id, start in zip(ids, _line_starts(data, len(ids)), strict=True):
             self.ids[entry_id] = offset + start
-            start = data.index(b"\n", start) + 1
 
     def place(self, fd: int) -> None:
-        """Find the offset of every unplaced id's first line, reading the file once."""
+        """Find the offset of every unplaced id's first line, reading the file once.
+
+        Every id inside a ``batch`` line is placed at that line.
+        """
         data = os.pread(fd, self.size, 0)
         pos = data.find(b"\n") + 1  # line 1 is session_init
         while pos < len(data):
             end = data.find(b"\n", pos) + 1 or len(data)
-            with contextlib.suppress(msgspec.DecodeError):
-                entry_id = _id_decoder.decode(data[pos:end]).id
-                if isinstance(entry_id, str) and self.ids.get(entry_id) == _UNPLACED:
+            for entry_id in _ids_in(memoryview(data)[pos:end]):
+                if self.ids.get(entry_id) == _UNPLACED:
                     self.ids[entry_id] = pos
             pos = end
+
+
+def _line_starts(data: bytes, count: int) -> list[int]:
+    """Where the line of each of ``count`` entries starts in their framed ``data``.
+
+    One line (a ``batch`` line, or a single entry) holds them all; a version
+    1 file's call of several entries has one line each.
+    """
+    starts = [0]
+    pos = data.find(b"\n") + 1
+    while pos < len(data):
+        starts.append(pos)
+        pos = data.find(b"\n", pos) + 1
+    return starts * count if len(starts) == 1 else starts
 
 
 _UNPLACED = -1
 
 
-class _IdOnly(msgspec.Struct, gc=False):
+class _StoredLines:
+    """Complete lines of a session file, and of the lines admitted to follow it at ``base``."""
+
+    __slots__ = ("admitted", "base", "fd")
+
+    def __init__(self, fd: int, base: int, admitted: bytes) -> None:
+        self.fd, self.base, self.admitted = fd, base, admitted
+
+    def at(self, pos: int) -> bytes | None:
+        """The line starting at byte ``pos``, without its newline; None past the end."""
+        if pos >= self.base:
+            start = pos - self.base
+            end = self.admitted.find(b"\n", start)
+            return None if end < 0 else self.admitted[start:end]
+        parts: list[bytes] = []
+        while pos < self.base:  # the file up to base is whole lines
+            chunk = os.pread(self.fd, min(1 << 16, self.base - pos), pos)
+            if not chunk:
+                return None
+            end = chunk.find(b"\n")
+            if end >= 0:
+                parts.append(chunk[:end])
+                return b"".join(parts)
+            parts.append(chunk)
+            pos += len(chunk)
+        return None
+
+
+class _RawBatch(msgspec.Struct, gc=False):
+    entries: list[msgspec.Raw]
+
+
+_raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
+
+
+def _entries_of_line(line: bytes) -> list[bytes] | None:
+    """The bytes of each entry in a stored line, as written; None if it does not decode."""
+    try:
+        kind = _line_ids_decoder.decode(line).type
+        if kind != "batch":
+            return [line]
+        return [bytes(raw) for raw in _raw_batch_decoder.decode(line).entries]
+    except msgspec.DecodeError:  # a damaged line holds no stored copy
+        return None
+
+
+class _LineIds(msgspec.Struct, gc=False):
+    # Only what the id index needs from a stored line. ``entries`` stays raw
+    # JSON: it is parsed only for a ``batch`` line, since an entry of a type
+    # this version does not know may have a field of that name of any shape.
+    type: Any = None
+    id: Any = None
+    entries: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _EntryId(msgspec.Struct, gc=False):
     id: Any = None
 
 
-_id_decoder = msgspec.json.Decoder(_IdOnly)
+_line_ids_decoder = msgspec.json.Decoder(_LineIds)
+_batch_ids_decoder = msgspec.json.Decoder(list[_EntryId])
 
 
 def _ids_in(lines: memoryview) -> list[str]:
+    """The entry ids in complete JSON lines, those inside ``batch`` lines included."""
     try:
-        found = [e.id for e in _id_decoder.decode_lines(lines)]
+        items = _line_ids_decoder.decode_lines(lines)
     except msgspec.DecodeError:  # a damaged line has no id to clash with
-        found = []
+        items = []
         for line in bytes(lines).split(b"\n"):
             with contextlib.suppress(msgspec.DecodeError):
-                found.append(_id_decoder.decode(line).id)
+                items.append(_line_ids_decoder.decode(line))
+    found = [item.id for item in items if item.type != "batch"]
+    for item in items:
+        if item.type == "batch":
+            with contextlib.suppress(msgspec.DecodeError):  # damaged: no ids to clash with
+                found.extend(e.id for e in _batch_ids_decoder.decode(item.entries))
     return [i for i in found if isinstance(i, str)]
 
 
 class _Batch:
-    """One ``append_entries`` call's lines, and why it was refused, if it was."""
+    """One ``append_entries`` call's encoded lines, and why it was refused, if it was."""
 
-    __slots__ = ("data", "ids", "refused")
+    __slots__ = ("ids", "lines", "refused")
 
-    def __init__(self, data: bytes, ids: Sequence[str]) -> None:
-        self.data = data
+    def __init__(self, lines: list[bytes], ids: Sequence[str]) -> None:
+        self.lines = lines
         self.ids = ids
         self.refused: StoreError | None = None
+
+
+class _WouldBlock(Exception):
+    """Another process holds the session's lock; ``log`` is still open."""
+
+    def __init__(self, log: _OpenLog) -> None:
+        self.log = log
 
 
 class _Waiter(_Batch):
@@ -367,8 +466,9 @@ class _Waiter(_Batch):
 
     __slots__ = ("future", "loop")
 
-    def __init__(self, data: bytes, ids: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(data, ids)
+    def __init__(self, lines: list[bytes], ids: Sequence[str],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(lines, ids)
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
@@ -460,14 +560,20 @@ class FileStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         check_session_id(session_id)
         self._check_writable(session_id)
+        # Encoding checks every entry (InvalidEntry) before anything is read
+        # from it or written.
+        if len(entries) <= _INLINE_MAX_ENTRIES:
+            lines = [encode_entry(entry, session_id=session_id) for entry in entries]
+        else:  # checking a big batch takes long enough to stall the event loop
+            lines = await asyncio.to_thread(
+                lambda: [encode_entry(entry, session_id=session_id) for entry in entries])
         ids = [e.id for e in entries]
         if len(set(ids)) < len(ids):
             raise _repeats(session_id, self.path_for(session_id), "within the batch")
-        data = encode_entries(entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, _Batch(data, ids))):
+                and self._write_inline(session_id, _Batch(lines, ids))):
             return
-        waiter = _Waiter(data, ids, asyncio.get_running_loop())
+        waiter = _Waiter(lines, ids, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is not None:
@@ -559,10 +665,7 @@ class FileStore:
 
     def _read_record(self, fd: int, session_id: str | None, path: str | Path) -> SessionRecord:
         """Decode the first line (one bounded read) and check it names ``session_id``."""
-        head = os.pread(fd, _FIRST_READ, 0)
-        if b"\n" not in head and len(head) == _FIRST_READ:
-            head = os.pread(fd, _MAX_HEADER, 0)
-        return self._check_record(head, session_id, path)
+        return self._check_record(_read_head(fd), session_id, path)
 
     def _check_record(
         self, data: bytes, session_id: str | None, path: str | Path
@@ -594,7 +697,7 @@ class FileStore:
         check_record(record)
         self._check_writable(record.id)
         path = self.path_for(record.id)
-        line = _encode_init(record) + b"\n"
+        line = encode_init(record) + b"\n"
         tmp = self._dir / f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -665,7 +768,8 @@ class FileStore:
 
         Without fsync a small append is a few microseconds of system calls,
         less than the thread hop (bench/store.py); with fsync it can take
-        milliseconds, which the event loop must not wait for.
+        milliseconds, which the event loop must not wait for. Nor may it wait
+        for another process's lock: then a worker does the append.
         """
         with self._lock:
             if session_id in self._queues:
@@ -674,7 +778,10 @@ class FileStore:
             log = self._logs.pop(session_id, None)
         kept = None
         try:
-            kept = self._write(session_id, log, [batch])
+            kept = self._write(session_id, log, [batch], block=False)
+        except _WouldBlock as busy:
+            kept = busy.log
+            return False
         finally:
             with self._lock:
                 self._next_group(session_id, kept, inline=True)
@@ -688,25 +795,30 @@ class FileStore:
         try:
             st = os.fstat(fd)
             # Unlocked: line 1 is complete from creation and never rewritten.
-            self._read_record(fd, session_id, path)
+            head = _read_head(fd)
+            self._check_record(head, session_id, path)
+            # A version 1 reader cannot read batch lines, so a file created
+            # at version 1 keeps one line per entry.
+            batch_lines = format_version(head[:head.find(b"\n")]) >= 2
         except BaseException:
             os.close(fd)
             raise
         with self._lock:
             loaded = self._loaded_ids.pop(session_id, None)
         known = loaded[2] if loaded and loaded[:2] == (st.st_dev, st.st_ino) else _KnownIds()
-        return _OpenLog(fd, st.st_dev, st.st_ino, path, known)
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, batch_lines)
 
     def _write(self, session_id: str, log: _OpenLog | None,
-               batches: Sequence[_Batch] | Callable[[_OpenLog, int], Sequence[_Batch]]
-               ) -> _OpenLog:
+               batches: Sequence[_Batch] | Callable[[_OpenLog, int], Sequence[_Batch]],
+               *, block: bool = True) -> _OpenLog:
         """Append the batches under the file lock; return the file, still open.
 
         A batch repeating an id already in the file (or in an earlier batch of
         the group) is left out and marked ``refused``. ``log`` is a file this
         store opened before, or None. On error it is closed. ``batches`` may be
         a function of the locked file and its size, which makes what is written
-        depend on what is there (``append_linear``).
+        depend on what is there (``append_linear``). Without ``block``, raises
+        ``_WouldBlock`` (the file still open) if another process holds the lock.
         """
         try:
             self._check_writable(session_id)
@@ -714,7 +826,10 @@ class FileStore:
             while True:
                 if log is None:
                     log = self._open_log(session_id, path)
-                fcntl.flock(log.fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(log.fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise _WouldBlock(log) from None
                 size = log.size_if_current()
                 if size >= 0:
                     break
@@ -731,6 +846,8 @@ class FileStore:
                 log.known.size = end
             fcntl.flock(log.fd, fcntl.LOCK_UN)
             return log
+        except _WouldBlock:
+            raise
         except BaseException as exc:
             if log is not None:
                 os.close(log.fd)  # also releases the lock
@@ -741,10 +858,10 @@ class FileStore:
 
     def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
                session_id: str) -> bytes:
-        """The lines of the batches that repeat no id; the ids become known.
+        """The framed lines of the batches that repeat no id; the ids become known.
 
-        A batch whose lines are all stored already, byte for byte and in
-        order, is an acknowledged retry (S8): it is left out and succeeds.
+        A batch whose lines are stored already (the same line, or lines, byte for
+        byte, in one run), is an acknowledged retry (S25): it is left out and succeeds.
         Any other batch repeating a known id is left out and ``refused``.
         """
         known = log.known
@@ -755,10 +872,11 @@ class FileStore:
         admitted: list[bytes] = []
         pending = 0
         for batch in batches:
+            data = frame(batch.lines, batch=log.batch_lines)
             if known.ids.keys().isdisjoint(batch.ids):
-                known.add(batch.ids, batch.data, base + pending)
-                admitted.append(batch.data)
-                pending += len(batch.data)
+                known.add(batch.ids, data, base + pending)
+                admitted.append(data)
+                pending += len(data)
             elif not self._stored_already(log, batch, base, admitted):
                 batch.refused = _repeats(session_id, log.path, "already in the session, and "
                                          "the batch is not a retry of a stored append")
@@ -766,10 +884,14 @@ class FileStore:
 
     def _stored_already(self, log: _OpenLog, batch: _Batch, base: int,
                         admitted: Sequence[bytes]) -> bool:
-        """Whether every line of ``batch`` is stored, the same bytes, in one run in order.
+        """Whether the entries of ``batch`` are stored, byte for byte, as one run in order.
 
-        Lines at ``base`` or after are not written yet: they are ``admitted``
-        earlier in this group, and compared there.
+        The run is read in the file's entries, one per line or several in a
+        ``batch`` line, starting where the index places the batch's first
+        id: the same rule as every other store's (S25), whatever framing
+        the original append had (a version 1 file's lines, a batch line, or
+        part of one). Lines at ``base`` or after are not written yet: they
+        are ``admitted`` earlier in this group, and read there.
         """
         known = log.known
         if not all(i in known.ids for i in batch.ids):
@@ -778,17 +900,25 @@ class FileStore:
             known.place(log.fd)
             if any(known.ids[i] == _UNPLACED for i in batch.ids):
                 return False  # a line whose id no longer reads back is no stored copy
-        start = known.ids[batch.ids[0]]
-        line_start = 0
-        for entry_id in batch.ids:  # one run in the batch's order
-            if known.ids[entry_id] != start + line_start:
+        lines = _StoredLines(log.fd, base, b"".join(admitted))
+        pos, done = known.ids[batch.ids[0]], 0
+        while done < len(batch.lines):
+            line = lines.at(pos)
+            if line is None:
                 return False
-            line_start = batch.data.index(b"\n", line_start) + 1
-        end = start + len(batch.data)
-        stored = os.pread(log.fd, min(end, base) - start, start) if start < base else b""
-        if end > base:
-            stored += b"".join(admitted)[max(start, base) - base:end - base]
-        return stored == batch.data
+            stored = _entries_of_line(line)
+            if not stored:
+                return False
+            if done == 0:  # the run may start inside a batch line
+                if batch.lines[0] not in stored:
+                    return False
+                stored = stored[stored.index(batch.lines[0]):]
+            want = batch.lines[done:done + len(stored)]
+            if stored[:len(want)] != want:
+                return False
+            done += len(want)
+            pos += len(line) + 1
+        return True
 
     def _append_locked(self, fd: int, size: int, data: bytes, path: Path,
                        session_id: str) -> int:
@@ -870,9 +1000,11 @@ class FileStore:
             lineno = data.count(b"\n", 0, end) + 1
             diagnostics.append(
                 f"{path} line {lineno}: ignored a torn last line ({len(data) - end} bytes "
-                f"with no newline), left by an append that did not finish"
+                f"with no newline), left by an append that did not finish; none of that "
+                f"append's entries are kept (several entries of one call share one line)"
             )
-        entries = _decode_body(data, first + 1, end, session_id, path)
+        entries = decode_body(data, first + 1, end, session_id=session_id, path=str(path),
+                              first_line=2)
         self._remember_ids(session_id, st, end, entries)
         return EntryLog(entries, diagnostics)
 
@@ -933,9 +1065,7 @@ class FileStore:
             # fails); no fstat here, it was a tenth of the listing's cost.
             fd = os.open(path, _LIST_FLAGS)
             try:
-                head = os.pread(fd, _FIRST_READ, 0)
-                if len(head) == _FIRST_READ and b"\n" not in head:
-                    head = os.pread(fd, _MAX_HEADER, 0)
+                head = _read_head(fd)
             finally:
                 os.close(fd)
         except FileNotFoundError:
@@ -979,9 +1109,11 @@ class FileStore:
         """Follow a session (S26) by polling its file every ``watch_interval`` seconds.
 
         A watcher remembers the byte offset after the last complete line it
-        delivered; a line still being written (no newline yet) waits for the
-        next look. A torn tail that an append cuts off starts exactly at that
-        offset, so the line written in its place is read in full.
+        delivered, and how many entries of the next line it delivered when
+        it stopped inside a ``batch`` line; a line still being written (no
+        newline yet) waits for the next look. A torn tail that an append
+        cuts off starts exactly at that offset, so the line written in its
+        place is read in full.
         """
         check_session_id(session_id)
 
@@ -1015,6 +1147,12 @@ class FileStore:
 
     def _watch_read(self, session_id: str, at: _WatchPosition,
                     limit: int = 1000) -> tuple[list[Entry], _WatchPosition]:
+        """Up to ``limit`` entries after ``at``, and the position after them.
+
+        A line may hold many entries (a ``batch`` line): the position can sit
+        inside one, after its first ``at.skip`` entries, so that a resume
+        after an entry there neither repeats nor skips its neighbours.
+        """
         fd, path = self._open(session_id, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
@@ -1024,11 +1162,19 @@ class FileStore:
                 data = os.pread(fd, size - at.offset, at.offset)  # one line over 4 MiB
         finally:
             os.close(fd)
-        lines = data.split(b"\n")[:-1][:limit]  # the last piece has no newline yet
-        entries = [decode_entry(line, session_id=session_id, path=str(path), lineno=at.line + n)
-                   for n, line in enumerate(lines)]
-        used = sum(len(line) + 1 for line in lines)
-        return entries, _WatchPosition(at.offset + used, at.line + len(lines))
+        entries: list[Entry] = []
+        offset, line, skip = at
+        for raw in data.split(b"\n")[:-1]:  # the last piece has no newline yet: wait for it
+            got = decode_lines(raw, session_id=session_id, path=str(path), first_line=line)[skip:]
+            room = limit - len(entries)
+            if len(got) > room:
+                entries.extend(got[:room])
+                return entries, _WatchPosition(offset, line, skip + room)
+            entries.extend(got)
+            offset, line, skip = offset + len(raw) + 1, line + 1, 0
+            if len(entries) == limit:
+                break
+        return entries, _WatchPosition(offset, line, skip)
 
 
     # -- the linear capability (S32) ------------------------------------------
@@ -1040,28 +1186,31 @@ class FileStore:
         ids = [e.id for e in entries]
         if len(set(ids)) < len(ids):
             raise _repeats(session_id, self.path_for(session_id), "within the batch")
-        batch = _Batch(b"", ids)
+        batch = _Batch([], ids)
 
         def chained(log: _OpenLog, size: int) -> list[_Batch]:
             # Called with the exclusive lock held: no writer can slip in
             # between reading the last entry and appending after it. A retry
             # (S25) keeps the parent its first entry was stored with, so that
             # _admit finds the stored bytes and stores nothing.
-            parent: str | None = None
+            where = str(log.path)
             line = _line_of(log, size, ids[0])
             try:
-                first = None if line is None else decode_entry(
-                    line, session_id=session_id, path=str(log.path))
+                # The line may be a batch line: find the entry itself in it.
+                first = None if line is None else next(
+                    (e for e in decode_lines(line, session_id=session_id, path=where)
+                     if e.id == ids[0]), None)
             except CorruptLog:
                 first = None  # no stored copy to retry: _admit refuses the batch
             if first is not None:
                 parent = first.parent_id
             else:
                 line = _last_line(log.fd, size)
-                parent = None if line is None else decode_entry(
-                    line, session_id=session_id, path=str(log.path)).id
+                last = [] if line is None else decode_lines(line, session_id=session_id,
+                                                            path=where)
+                parent = last[-1].id if last else None
             stored[:] = chain_after(entries, parent)
-            batch.data = encode_entries(stored)
+            batch.lines = [encode_entry(e, session_id=session_id) for e in stored]
             return [batch]
 
         def write() -> None:
@@ -1152,9 +1301,11 @@ def _last_line(fd: int, size: int) -> bytes | None:
 
 class _WatchPosition(NamedTuple):
     offset: int
-    """Byte offset just after the last line delivered."""
+    """Byte offset of the next line not delivered in full (after a complete line)."""
     line: int
-    """Line number (1-based) of the next line, for error messages."""
+    """Line number (1-based) of that line, for error messages."""
+    skip: int = 0
+    """How many of that line's entries were delivered already (a ``batch`` line)."""
 
 
 # How long after a change to a directory (or file) its timestamps may still
@@ -1256,38 +1407,3 @@ os.register_at_fork(after_in_child=_forget_parent_state)
 def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
-
-def _decode_body(data: bytes, start: int, end: int, session_id: str, path: Path) -> list[Entry]:
-    """Decode the entry lines in ``data[start:end]`` (line 2 on).
-
-    One msgspec call decodes the whole body in the common case. When that
-    fails, decoding line by line finds the bad line's number and turns entry
-    types this version does not know into opaque entries.
-    """
-    _decoding.active = True  # a line missing its id or timestamp must not get a new one
-    try:
-        entries: list[Any] = _entry_decoder.decode_lines(memoryview(data)[start:end])
-    except msgspec.DecodeError:
-        pass
-    else:
-        # decode_lines skips blank lines; this store never writes one, so a
-        # count mismatch means damage that the slow path will name.
-        if len(entries) == data.count(b"\n", start, end):
-            for i, entry in enumerate(entries):
-                if not entry.id or entry.timestamp is _MISSING_TIMESTAMP:
-                    break  # a header without id or timestamp: the slow path names the line
-                # The codec gives registered kinds their class, and copies an
-                # unregistered kind's raw bytes out of the whole file's buffer.
-                if type(entry) is CustomEntry:
-                    entries[i] = decode_entry(
-                        msgspec.json.encode(entry), session_id=session_id,
-                        path=str(path), lineno=i + 2,
-                    )
-            else:
-                return entries
-    finally:
-        _decoding.active = False
-    return [
-        decode_entry(line, session_id=session_id, path=str(path), lineno=n)
-        for n, line in enumerate(data[start:end].split(b"\n")[:-1], start=2)
-    ]

@@ -60,10 +60,10 @@ class MemoryStore:
         return EntryLog(decode_entry(line, session_id=session_id) for line in lines)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        # Encode before taking the lock: an entry that cannot be encoded leaves
+        # Encode before taking the lock: an entry that cannot be stored leaves
         # the log untouched (all or nothing).
         check_session_id(session_id)
-        lines = [encode_entry(entry) for entry in entries]
+        lines = [encode_entry(entry, session_id=session_id) for entry in entries]
         new_ids = {entry.id for entry in entries}
         with self._lock:
             log = self._logs.get(session_id)

@@ -453,11 +453,12 @@ class PostgresStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
+        datas = [encode_entry(e, session_id=sid) for e in entries]
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        params = _append_params(sid, entries)
-        ids, datas = params["ids"], params["datas"]
+        params = _append_params(sid, entries, datas)
+        ids = params["ids"]
 
         async def op(conn: Conn) -> int:
             try:
@@ -691,11 +692,14 @@ class _LoopPool:
         """This loop's LISTEN connection task (watch), if one was started."""
 
 
-def _append_params(sid: str, entries: Sequence[Entry]) -> dict[str, Any]:
+def _append_params(sid: str, entries: Sequence[Entry],
+                   datas: Sequence[bytes] | None = None) -> dict[str, Any]:
+    # ``datas``: the entries as encode_entry gave them, when the caller has them.
     return {
         "sid": sid, "n": len(entries),
         "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
         "types": [entry_type(e) for e in entries],
-        "datas": [encode_entry(e) for e in entries],
+        "datas": list(datas) if datas is not None else
+                 [encode_entry(e, session_id=sid) for e in entries],
     }
 

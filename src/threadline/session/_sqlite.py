@@ -318,7 +318,11 @@ class SQLiteStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
         self._check_writable(sid)
-        rows = [(e.id, e.parent_id, entry_type(e), encode_entry(e)) for e in entries]
+        # Encode first: a non-entry or an entry that cannot be stored is
+        # InvalidEntry before any of its attributes are read for the row.
+        datas = [encode_entry(e, session_id=sid) for e in entries]
+        rows = [(e.id, e.parent_id, entry_type(e), data)
+                for e, data in zip(entries, datas, strict=True)]
 
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute(

@@ -62,9 +62,12 @@ class Store(Protocol):
     where it lies; data written by a newer format version is refused the
     same way, with a message saying to upgrade.
 
-    Appends. ``append_entries`` is all or nothing, whatever the batch size:
-    when it returns every entry is durable; when it raises none was stored,
-    and no reader on any handle ever sees part of a batch. An empty batch
+    Appends. ``append_entries`` is all or nothing, whatever the batch size
+    and even if the writer is killed mid-call (S14): when it returns every
+    entry is durable; when it raises none was stored, and no reader on any
+    handle ever sees part of a batch. Each entry is checked before any is
+    written (``encode_entry``): one that could not load back exactly as
+    given is refused with ``InvalidEntry`` (S16). An empty batch
     still requires the session (``SessionNotFound``). Entry ids are unique
     in a session, under one rule: a batch whose entries are all already
     stored, byte for byte and in the same order, is an acknowledged retry,
@@ -74,7 +77,8 @@ class Store(Protocol):
     retrying an append whose outcome is unknown stores it exactly once
     (S25). A store does not check that an entry's parent exists (the
     tree index treats such an entry as a root); it stores what it is given
-    and loads it back byte for byte.
+    and loads it back byte for byte, lines other programs wrote included
+    (S15).
 
     Loads. ``load_entries`` returns every entry in append order as a list
     (the built-in stores return an ``EntryLog``, a list with

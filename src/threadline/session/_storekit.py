@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
-from threadline.session._codec import decode_entry
+from threadline.session._codec import decode_entry, decode_lines
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 from threadline.session._store import (
     EntryLog,
@@ -208,12 +208,15 @@ def lines_after(lines: Sequence[bytes], entry_id: str | None, session_id: str,
     """
     out: list[Entry] = []
     for line in reversed(lines):
-        entry = decode_entry(line, session_id=session_id, path=where)
-        if entry.id == entry_id:
-            break
-        out.append(entry)
-    else:
-        if entry_id is not None:
-            raise entry_not_found(session_id, entry_id, where)
+        # A ``batch`` line holds several entries; the id may sit among them.
+        entries = decode_lines(line, session_id=session_id, path=where)
+        for n in range(len(entries) - 1, -1, -1):
+            if entries[n].id == entry_id:
+                out.extend(reversed(entries[n + 1:]))
+                out.reverse()
+                return out
+        out.extend(reversed(entries))
+    if entry_id is not None:
+        raise entry_not_found(session_id, entry_id, where)
     out.reverse()
     return out

@@ -1,4 +1,4 @@
-"""The Store conformance suite: one set of tests every store must pass (S7, S8, S9; S25 and S26).
+"""The Store conformance suite: one set of tests every store must pass (S7-S9, S14-S16, S25, S26).
 
 Each test checks one rule of docs/writing-a-store.md (the Store contract);
 the page names the test for each rule.
@@ -39,7 +39,10 @@ zero-argument callable that opens the same storage, in one line::
         return functools.partial(MyStore, str(tmp_path / "db"))
 
 A test that cannot open the store in a child fails and says why; it never
-skips quietly. ``process_count`` / ``process_appends`` size the test.
+skips quietly. ``process_count`` / ``process_appends`` size the
+multi-process append test; ``kill_rounds`` / ``kill_batch`` say how many
+children the SIGKILL test kills in the middle of one ``append_entries``
+call, and how many entries that call holds.
 
 Optional hooks for reaching past the store's own checks (tests that need a
 hook the store lacks skip, naming the hook):
@@ -52,6 +55,10 @@ hook the store lacks skip, naming the hook):
   session (the file store's first line).
 - ``watch_appends``: how many entries the S26 test appends while three
   watchers follow (10,000). The S26 tests run when the store has ``watch``.
+
+A store refuses what it could not give back exactly by calling
+``threadline.session.encode_entry`` on every entry before writing any of
+them (``InvalidEntry``); the S16 tests check that it does.
 
 Methods the protocol does not require (``load_session``, ``list_sessions``,
 ``delete_session``, and the ``LinearStore`` pair ``append_linear`` and
@@ -68,12 +75,16 @@ import functools
 import inspect
 import multiprocessing
 import pickle
+import random
+import signal
 import threading
+import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -93,12 +104,13 @@ from threadline.errors import (
     ConfigError,
     CorruptLog,
     EntryNotFound,
+    InvalidEntry,
     InvalidSessionId,
     SessionExists,
     SessionNotFound,
     StoreError,
 )
-from threadline.session._codec import decode_entry, encode_entry
+from threadline.session._codec import MAX_DEPTH, decode_entry, encode_entry
 from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
@@ -231,6 +243,44 @@ def sample_entries() -> list[Entry]:
             display=False, details=[1, "two"],
         ),
     ]
+
+
+def _nested(depth: int) -> object:
+    value: object = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def _custom(data: object) -> Callable[[], Entry]:
+    return lambda: CustomEntry(kind=UNREGISTERED_KIND, data=data)
+
+
+def _text(text: str, id: str | None = None, parent_id: str | None = None) -> Callable[[], Entry]:
+    def make() -> Entry:
+        entry = MessageEntry(parent_id=parent_id, message=UserMessage.of(text))
+        return entry if id is None else msgspec.structs.replace(entry, id=id)
+
+    return make
+
+
+# What no store may accept: each would be lost, changed or unreadable (S16).
+INVALID_ENTRIES: dict[str, Callable[[], Entry]] = {
+    "empty id": _text("x", id=""),
+    "NUL in id": _text("x", id="a\x00b"),
+    "empty parent_id": _text("x", parent_id=""),
+    "lone surrogate in text": _text("a \ud800 b"),
+    "lone surrogate in id": _text("x", id="id-\udfff"),
+    "lone surrogate in parent_id": _text("x", parent_id="p-\ud800"),
+    "lone surrogate in a dict key": _custom({"k\ud800": 1}),
+    "nested one level too deep": _custom(_nested(MAX_DEPTH)),
+    "nested 1,000 levels deep": _custom(_nested(1_000)),
+    "NaN": _custom({"x": float("nan")}),
+    "infinity": _custom([float("inf")]),
+    "minus infinity": _custom({"x": [-float("inf")]}),
+    "bytes": _custom({"blob": b"\x00\x01"}),
+    "not an entry": lambda: {"type": "message"},  # type: ignore[return-value,dict-item]
+}
 
 
 def assert_same_entries(actual: Sequence[Entry], expected: Sequence[Entry]) -> None:
@@ -375,6 +425,28 @@ async def _aclose(iterator: AsyncIterator[Entry]) -> None:
         await close()
 
 
+def _process_batch(opener: StoreOpener, session_id: str, size: int, say: Any) -> None:
+    """Create a session, say "s", append ``size`` entries in one call, say "d"."""
+
+    async def run() -> None:
+        store = await _open(opener)
+        await store.create_session(SessionRecord(id=session_id))
+        parent: str | None = None
+        batch: list[Entry] = []
+        for n in range(size):
+            entry = _chain_entry(parent, 0, n)
+            entry = msgspec.structs.replace(
+                entry, message=UserMessage.of(f"{n} " + "é" * 1_000))
+            parent = entry.id
+            batch.append(entry)
+        say.send("s")
+        await store.append_entries(session_id, batch)
+        say.send("d")
+        await _close(store)
+
+    asyncio.run(run())
+
+
 def _process_create(opener: StoreOpener, session_id: str) -> bool:
     async def run() -> bool:
         store = await _open(opener)
@@ -398,6 +470,8 @@ class StoreConformance:
 
     process_count: ClassVar[int] = 4
     process_appends: ClassVar[int] = 50
+    kill_rounds: ClassVar[int] = 10
+    kill_batch: ClassVar[int] = 1_000
 
     watch_appends: ClassVar[int] = 10_000
     """Entries appended while three watchers follow (stores that can watch)."""
@@ -541,6 +615,90 @@ class StoreConformance:
         assert isinstance(again.message, AssistantMessage)
         assert again.message.tool_calls[0].arguments == {"k": "before"}
 
+    # -- one append is all or nothing (S14) -------------------------------------
+
+    @pytest.mark.parametrize("position", ["first", "middle", "last"])
+    async def test_s14_batch_with_an_invalid_entry_appends_nothing(
+        self, store: Store, position: str
+    ) -> None:
+        sid = await self.new_session(store)
+        root = _chain_entry(None, 0, 0)
+        await store.append_entries(sid, [root])
+        good = [_chain_entry(root.id, 0, n) for n in range(1, 41)]
+        bad = MessageEntry(parent_id=root.id, message=UserMessage.of("lone \ud800 surrogate"))
+        at = {"first": 0, "middle": 20, "last": 40}[position]
+        with pytest.raises(InvalidEntry) as info:
+            await store.append_entries(sid, [*good[:at], bad, *good[at:]])
+        assert info.value.session_id == sid and info.value.entry_id == bad.id
+        assert [e.id for e in await store.load_entries(sid)] == [root.id]
+        await store.append_entries(sid, good)  # the session is not harmed
+        assert len(await store.load_entries(sid)) == 41
+
+    # -- what other programs wrote comes back byte for byte (S15) ---------------
+
+    async def test_s15_foreign_lines_come_back_byte_for_byte(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        ids = [new_id() for _ in range(6)]
+        lines = [
+            # A field this version does not know; a timestamp with two digits.
+            b'{"type":"message","id":"%s","timestamp":"2025-03-01T09:30:01.12Z",'
+            b'"message":{"role":"user","content":[{"type":"text","text":"hi"}]},'
+            b'"mood":"curious"}' % ids[0].encode(),
+            # Another key order, a +00:00 offset, escapes this version would not write.
+            b'{"id":"%s","parent_id":"%s","type":"message","timestamp":'
+            b'"2025-03-01T09:30:02+00:00","message":{"role":"user","content":'
+            b'[{"type":"text","text":"\\u00e9t\\u00e9"}]}}' % (ids[1].encode(), ids[0].encode()),
+            # A custom entry with a top-level field nobody here knows.
+            b'{"type":"custom","id":"%s","parent_id":"%s","timestamp":"2025-03-01T09:30:03Z",'
+            b'"kind":"%s","data":{"a":1},"written_by":"another app"}'
+            % (ids[2].encode(), ids[1].encode(), UNREGISTERED_KIND.encode()),
+            # A registered kind whose data has a field its class lacks.
+            b'{"type":"custom","id":"%s","parent_id":"%s","timestamp":"2025-03-01T09:30:04.5Z",'
+            b'"kind":"%s","data":{"text":"n","added_later":[1,2]}}'
+            % (ids[3].encode(), ids[2].encode(), NOTE_KIND.encode()),
+            # A type this version does not know.
+            b'{"type":"from.the.future","id":"%s","parent_id":"%s","x":{"y":[1.50]}}'
+            % (ids[4].encode(), ids[3].encode()),
+        ]
+        entries = [decode_entry(line) for line in lines]
+        await store.append_entries(sid, entries)  # one call ...
+        single = await self.new_session(store)
+        for entry in entries:  # ... and one call each
+            await store.append_entries(single, [entry])
+        for session in (sid, single):
+            loaded = await store.load_entries(session)
+            assert [encode_entry(e) for e in loaded] == lines
+        first, _, custom, note, _ = loaded
+        assert isinstance(first, MessageEntry) and first.message.text == "hi"
+        assert isinstance(custom, CustomEntry) and isinstance(custom.data, msgspec.Raw)
+        assert isinstance(note, CustomEntry) and note.data == ConformanceNote(text="n")
+        # Once changed, an entry is written the way this version writes it.
+        changed = msgspec.structs.replace(first, id=ids[5])
+        assert b"mood" not in encode_entry(changed)
+
+    # -- nothing unreadable is ever stored (S16) --------------------------------
+
+    @pytest.mark.parametrize("case", sorted(INVALID_ENTRIES))
+    async def test_s16_invalid_entry_is_refused_before_anything_is_written(
+        self, store: Store, case: str
+    ) -> None:
+        sid = await self.new_session(store)
+        good = _chain_entry(None, 0, 0)
+        with pytest.raises(InvalidEntry) as info:
+            await store.append_entries(sid, [good, INVALID_ENTRIES[case]()])
+        assert info.value.session_id == sid and repr(sid) in str(info.value)
+        assert list(await store.load_entries(sid)) == []
+        await store.append_entries(sid, [good])
+        assert [e.id for e in await store.load_entries(sid)] == [good.id]
+
+    async def test_s16_nesting_up_to_the_limit_round_trips(self, store: Store) -> None:
+        sid = await self.new_session(store)
+        # The line's own object is one level, so MAX_DEPTH - 1 levels of data fit.
+        entry = CustomEntry(kind=UNREGISTERED_KIND, data=_nested(MAX_DEPTH - 1))
+        await store.append_entries(sid, [entry])
+        (loaded,) = await store.load_entries(sid)
+        assert encode_entry(loaded) == encode_entry(entry)
+
     # -- errors (S7) ----------------------------------------------------------
 
     async def test_s7_load_unknown_session_raises_not_found(self, store: Store) -> None:
@@ -593,6 +751,25 @@ class StoreConformance:
         # The new id stays free for the batch that is right.
         await store.append_entries(sid, [fresh])
         assert_same_entries(await other.load_entries(sid), [*stored, fresh])
+        # Ids stored by a call of several entries count as well (one batch line
+        # in the file store), for the handle that wrote them, for one that had
+        # the session open before (it learns them from what was added since),
+        # for one that loaded after, and for one that never looked.
+        pair = [_chain_entry(fresh.id, 1, 0)]
+        pair.append(_chain_entry(pair[0].id, 1, 1))
+        await store.append_entries(sid, pair)
+        loaded = await self.another_handle()
+        await loaded.load_entries(sid)
+        cold = await self.another_handle()
+        stored = [*stored, fresh, *pair]
+        for handle in (store, other, loaded, cold):
+            for old in pair:
+                changed = msgspec.structs.replace(old, message=UserMessage.of("changed"))
+                for batch in ([changed], [_chain_entry(pair[-1].id, 2, 0), changed]):
+                    with pytest.raises(StoreError) as info:
+                        await handle.append_entries(sid, batch)
+                    assert info.value.session_id == sid
+            assert_same_entries(await handle.load_entries(sid), stored)
 
     # -- lineage (S6) ---------------------------------------------------------
 
@@ -761,10 +938,16 @@ class StoreConformance:
                 await store.load_entries(sid)  # type: ignore[arg-type]
             with pytest.raises(InvalidSessionId):
                 await store.append_entries(sid, [])  # type: ignore[arg-type]
-        with pytest.raises(InvalidSessionId):
-            await store.create_session(SessionRecord(id="conf-bad-parent", parent_id="p\x00"))
-        with pytest.raises(SessionNotFound):
-            await store.load_entries("conf-bad-parent")
+            if sid is None:
+                continue  # no parent_id: a root session
+            # A parent_id names a session, so the same rule holds for it; the
+            # error names the session that was being created.
+            with pytest.raises(InvalidSessionId) as info:
+                await store.create_session(
+                    SessionRecord(id="conf-bad-parent", parent_id=sid))  # type: ignore[arg-type]
+            assert info.value.session_id == "conf-bad-parent"
+            with pytest.raises(SessionNotFound):
+                await store.load_entries("conf-bad-parent")
         longest = "é" * (MAX_SESSION_ID_BYTES // 2)
         await store.create_session(SessionRecord(id=longest))
         await store.append_entries(longest, [_chain_entry(None, 0, 0)])
@@ -817,11 +1000,13 @@ class StoreConformance:
             assert sorted(e.id for e in children) == sorted([first.id, second.id])
 
     async def test_s8_large_batches_are_kept_whole(self, store: Store) -> None:
+        other = await self.another_handle()
         for size in (101, 250, 10_000):
             sid = await self.new_session(store)
             batch = _chain(size)
             await store.append_entries(sid, batch)
             assert_same_entries(await store.load_entries(sid), batch)
+            assert_same_entries(await other.load_entries(sid), batch)
 
     async def test_s8_readers_never_see_part_of_a_batch(self, store: Store) -> None:
         reader = await self.another_handle()
@@ -976,6 +1161,37 @@ class StoreConformance:
     def _process_pool(self, n: int) -> ProcessPoolExecutor:
         # spawn: the parent runs an event loop and threads, which fork would copy.
         return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+
+    async def test_s14_batch_cut_by_sigkill_is_whole_or_absent(self, store: Store) -> None:
+        opener = self._child_opener()
+        context = multiprocessing.get_context("spawn")
+        rnd = random.Random(14)
+        duration: float | None = None
+        kills = 0
+        for _ in range(self.kill_rounds + 1):
+            sid = f"conf-kill-{new_id()}"
+            ours, theirs = context.Pipe()
+            child = context.Process(target=_process_batch,
+                                    args=(opener, sid, self.kill_batch, theirs))
+            child.start()
+            assert await asyncio.to_thread(ours.poll, 120), "the child never started"
+            assert ours.recv() == "s"
+            started = time.monotonic()
+            if duration is None:  # the first child shows how long the call takes
+                assert await asyncio.to_thread(ours.poll, 120) and ours.recv() == "d"
+                duration = time.monotonic() - started
+                await asyncio.to_thread(child.join)
+            else:  # kill the others anywhere inside the call
+                await asyncio.sleep(duration * rnd.uniform(0.05, 1.1))
+                child.kill()
+                await asyncio.to_thread(child.join)
+                kills += child.exitcode == -signal.SIGKILL
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a torn last line
+                count = len(await store.load_entries(sid))
+            assert count in (0, self.kill_batch), (
+                f"{count} of {self.kill_batch} entries of one append_entries call stored")
+        assert kills >= self.kill_rounds // 2, f"only {kills} children were killed mid-call"
 
     async def test_s4_concurrent_appends_from_processes(self, store: Store) -> None:
         opener = self._child_opener()
