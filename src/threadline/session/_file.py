@@ -472,20 +472,33 @@ class _Waiter(_Batch):
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
 
-    def settle(self, error: BaseException | None) -> None:
-        """Wake the caller, from any thread."""
-        # RuntimeError: the caller's event loop is closed, no one is waiting.
+
+def _wake(group: Sequence[_Waiter], error: BaseException | None) -> None:
+    """Settle a written group's calls, from any thread: one wake-up per event loop.
+
+    One ``call_soon_threadsafe`` per call woke the loop once per call, and
+    the loop often resumed the first callers before the rest were settled,
+    so their next appends came in two or more groups (bench/store.py).
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
+    for waiter in group:
+        by_loop.setdefault(waiter.loop, []).append(waiter)
+    for loop, waiters in by_loop.items():
+        # RuntimeError: the callers' event loop is closed, no one is waiting.
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_settle, self.future, error)
+            loop.call_soon_threadsafe(_settle, waiters, error)
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+def _settle(waiters: Sequence[_Waiter], error: BaseException | None) -> None:
+    for waiter in waiters:
+        future = waiter.future
+        if future.cancelled():
+            continue
+        failure = error or waiter.refused
+        if failure is None:
+            future.set_result(None)
+        else:
+            future.set_exception(failure)
 
 
 def _close_all(logs: dict[str, _OpenLog]) -> None:
@@ -735,8 +748,7 @@ class FileStore:
                 done, (group, log) = group, self._next_group(session_id, log)
             # Waking callers last: the woken event loop then does not wait for
             # this thread to let go of the GIL.
-            for waiter in done:
-                waiter.settle(error or waiter.refused)
+            _wake(done, error)
 
     def _next_group(
         self, session_id: str, log: _OpenLog | None, *, inline: bool = False
