@@ -494,6 +494,81 @@ async def test_s8_a_cancelled_call_does_not_disturb_the_others(
     assert _texts(await store.load_entries("s")) == ["0", "1", "2", "3", "4"]
 
 
+async def test_s34_tasks_appending_in_a_loop_share_each_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    await store.create_session(SessionRecord(id="s"))
+    real = os.fdatasync
+    synced: list[int] = []
+
+    def counted(fd: int) -> None:
+        real(fd)
+        synced.append(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    tasks, rounds = 8, 25
+    acknowledged: dict[int, list[str]] = {}
+
+    async def writer(w: int) -> None:
+        parent = None
+        for n in range(rounds):
+            entry = _msg(f"{w}.{n}", parent)
+            await store.append_entries("s", [entry])
+            acknowledged.setdefault(w, []).append(entry.id)
+            parent = entry.id
+
+    await asyncio.gather(*(writer(w) for w in range(tasks)))
+    monkeypatch.undo()
+    # The callers of a group wake together and call again together, so every
+    # round of the 8 tasks is one write and one fdatasync, never split.
+    assert len(synced) == rounds
+    check_concurrent_log(await store.load_entries("s"), list(acknowledged.values()))
+    await store.close()
+
+
+def test_s34_a_group_wakes_its_callers_on_every_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    real = os.fdatasync
+    gate = threading.Event()
+    synced: list[int] = []
+
+    def held(fd: int) -> None:
+        gate.wait(30)  # the first sync waits until the others have queued
+        real(fd)
+        synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+
+    def run(texts: list[str]) -> None:
+        async def go() -> None:
+            await asyncio.gather(*(store.append_entries("s", [_msg(t)]) for t in texts))
+        asyncio.run(go())
+
+    threads = [threading.Thread(target=run, args=(["first"],))]
+    threads[0].start()
+    while not synced and store._queues.get("s") != []:  # the first write is syncing
+        time.sleep(0.001)
+    threads += [threading.Thread(target=run, args=([f"{w}.{n}" for n in range(3)],))
+                for w in range(3)]
+    for t in threads[1:]:
+        t.start()
+    while len(store._queues.get("s") or ()) < 9:  # all nine calls queued behind it
+        time.sleep(0.001)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a caller was never woken"
+    monkeypatch.undo()
+    # The nine calls of three event loops were one group: one write, one sync.
+    assert len(synced) == 2
+    assert sorted(_texts(asyncio.run(store.load_entries("s")))) == sorted(
+        ["first"] + [f"{w}.{n}" for w in range(3) for n in range(3)])
+
+
 def test_s4_one_store_shared_by_threads_with_their_own_event_loops(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     asyncio.run(store.create_session(SessionRecord(id="s")))

@@ -66,12 +66,17 @@ The append path is built to cost little more than its ``write`` and
   session, eviction, or ``close()``.)
 - Appends run on the store's own worker threads, not in the event loop. While
   a worker writes a session, further appends to it from this store queue up,
-  and the next write takes all of them at once (group commit): each call's
-  lines stay together and in call order, and each call returns only after
-  the ``fdatasync`` that covers its lines. Every call in a group gets the
-  group's outcome: a failed write is cut off again, so none of their lines
-  stays; a failed sync is a ``DurabilityError`` for each of them. Appends to
-  different sessions run in parallel.
+  and the next write takes all of them at once (group commit, S34): each
+  call's lines stay together and in call order, and each call returns only
+  after the ``fdatasync`` that covers its lines. Every call in a group gets
+  the group's outcome: a failed write is cut off again, so none of their
+  lines stays; a failed sync is a ``DurabilityError`` for each of them.
+  Appends to different sessions run in parallel. A worker is started for an
+  idle session only once the tasks the event loop is running have made their
+  calls, and a written group's callers are woken with one callback per event
+  loop: so tasks that append again as soon as they are woken queue together
+  and share the next write, instead of splitting into groups that each pay
+  an fdatasync and two thread wake-ups (``bench/store.py``).
 - A forked child drops the descriptors it inherited (they share the parent's
   locks) and starts its own workers. ``close()`` releases descriptors and
   threads early; the store stays usable afterwards.
@@ -593,8 +598,14 @@ class FileStore:
                 queue.append(waiter)
             else:
                 self._queues[session_id] = [waiter]
-                self._pool().submit(self._drain, session_id)
+                # Started once the tasks running now have queued their appends
+                # too, so that a worker takes them in one group (bench/store.py).
+                waiter.loop.call_soon(self._start_drain, session_id)
         await waiter.future
+
+    def _start_drain(self, session_id: str) -> None:
+        with self._lock:
+            self._pool().submit(self._drain, session_id)
 
     # -- beyond the contract --------------------------------------------------
 
