@@ -569,6 +569,31 @@ def test_s34_a_group_wakes_its_callers_on_every_event_loop(
         ["first"] + [f"{w}.{n}" for w in range(3) for n in range(3)])
 
 
+def test_s34_a_loop_closed_before_it_started_the_worker_blocks_no_one(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path)
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(store.append_entries("s", [_msg("orphan")]))
+    loop.call_soon(loop.stop)  # stops after the call queued, before the worker is started
+    loop.run_forever()
+    assert not task.done()
+    loop.close()
+    done = threading.Event()
+
+    def later() -> None:
+        asyncio.run(store.append_entries("s", [_msg("later")]))
+        done.set()
+
+    thread = threading.Thread(target=later, daemon=True)
+    thread.start()
+    assert done.wait(30), "an append waited for a worker a closed loop was to start"
+    # The orphaned call was handed over, so it is written, like any call a
+    # caller stops waiting for.
+    assert _texts(asyncio.run(store.load_entries("s"))) == ["orphan", "later"]
+
+
 def test_s4_one_store_shared_by_threads_with_their_own_event_loops(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     asyncio.run(store.create_session(SessionRecord(id="s")))
@@ -617,6 +642,24 @@ async def test_s8_a_refused_call_in_a_group_commit_fails_alone(tmp_path: Path) -
     with pytest.raises(StoreError, match="repeats an entry id"):
         await other.append_entries("s", [changed])
     assert [e.id for e in await other.load_entries("s")] == loaded
+
+
+async def test_s25_the_ids_a_load_kept_judge_the_next_append(tmp_path: Path) -> None:
+    writer = FileStore(tmp_path)
+    await writer.create_session(SessionRecord(id="s"))
+    stored = [_msg(f"{n}") for n in range(5)]
+    await writer.append_entries("s", stored)
+    path = tmp_path / "s.jsonl"
+    reader = FileStore(tmp_path)
+    await reader.load_entries("s")  # its first append uses the ids of this load
+    size = path.stat().st_size
+    changed = msgspec.structs.replace(stored[2], message=UserMessage.of("changed"))
+    with pytest.raises(StoreError, match="repeats an entry id"):
+        await reader.append_entries("s", [_msg("new"), changed])
+    await reader.append_entries("s", stored[3:])  # a retry of a stored run: nothing written
+    assert path.stat().st_size == size
+    await reader.append_entries("s", [_msg("after")])
+    assert _texts(await writer.load_entries("s")) == ["0", "1", "2", "3", "4", "after"]
 
 
 async def test_s8_a_retry_in_the_same_group_commit_as_its_original_succeeds(

@@ -169,7 +169,8 @@ _DEVICE_NAMES = frozenset(
 )
 _INLINE_MAX_ENTRIES = 8
 _MAX_OPEN_FILES = 64  # per store
-# Loads whose ids are kept for a following append (about 90 bytes per entry):
+# Loads whose ids are kept for a following append (a list: 8 bytes per entry, and
+# the id strings, about 85 bytes, once the entries are gone):
 # enough for "open a session, then append to it", little for a reader of many.
 _MAX_LOADED_IDS = 8
 _MAX_BASE32_BYTES = 120  # 192 base32 characters: the name stays well under 255 bytes
@@ -537,10 +538,12 @@ class FileStore:
         self._logs: dict[str, _OpenLog] = {}
         # Sessions a writer (worker or inline) is busy with -> appends queued behind it.
         self._queues: dict[str, list[_Waiter]] = {}
+        # Busy sessions whose worker an event loop is yet to start -> that loop.
+        self._unstarted: dict[str, asyncio.AbstractEventLoop] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._catalog: _Catalog | None = None
         # Entry ids of sessions loaded but not open for appending (see _KnownIds).
-        self._loaded_ids: dict[str, tuple[int, int, _KnownIds]] = {}
+        self._loaded_ids: dict[str, tuple[int, int, _KnownIds | tuple[list[str], int]]] = {}
         weakref.finalize(self, _close_all, self._logs)
         _STORES.add(self)
         if not create:
@@ -594,17 +597,27 @@ class FileStore:
         waiter = _Waiter(lines, ids, asyncio.get_running_loop())
         with self._lock:
             queue = self._queues.get(session_id)
-            if queue is not None:
-                queue.append(waiter)
-            else:
+            if queue is None:
                 self._queues[session_id] = [waiter]
                 # Started once the tasks running now have queued their appends
-                # too, so that a worker takes them in one group (bench/store.py).
+                # too, so that a worker takes them in one group (S34).
+                self._unstarted[session_id] = waiter.loop
                 waiter.loop.call_soon(self._start_drain, session_id)
+            else:
+                queue.append(waiter)
+                owner = self._unstarted.get(session_id)
+                if owner is not None and owner.is_closed():
+                    # That loop closed before it ran the start: start it here,
+                    # or this session's appends would wait for ever.
+                    self._start_drain_locked(session_id)
         await waiter.future
 
     def _start_drain(self, session_id: str) -> None:
         with self._lock:
+            self._start_drain_locked(session_id)
+
+    def _start_drain_locked(self, session_id: str) -> None:
+        if self._unstarted.pop(session_id, None) is not None:
             self._pool().submit(self._drain, session_id)
 
     # -- beyond the contract --------------------------------------------------
@@ -828,7 +841,14 @@ class FileStore:
             raise
         with self._lock:
             loaded = self._loaded_ids.pop(session_id, None)
-        known = loaded[2] if loaded and loaded[:2] == (st.st_dev, st.st_ino) else _KnownIds()
+        known = _KnownIds()
+        if loaded and loaded[:2] == (st.st_dev, st.st_ino):
+            kept = loaded[2]
+            if isinstance(kept, _KnownIds):
+                known = kept
+            else:  # a load's ids, indexed only now that an append needs them
+                known.ids = dict.fromkeys(kept[0], _UNPLACED)
+                known.size = kept[1]
         return _OpenLog(fd, st.st_dev, st.st_ino, path, known, batch_lines)
 
     def _write(self, session_id: str, log: _OpenLog | None,
@@ -1033,13 +1053,16 @@ class FileStore:
 
     def _remember_ids(self, session_id: str, st: os.stat_result, size: int,
                       entries: Sequence[Entry]) -> None:
-        """Keep a load's ids, so that the next append need not read the file for them."""
-        known = _KnownIds()
-        known.ids = dict.fromkeys((e.id for e in entries), _UNPLACED)
-        known.size = size
-        self._keep_ids(session_id, st.st_dev, st.st_ino, known)
+        """Keep a load's ids, so that the next append need not read the file for them.
 
-    def _keep_ids(self, session_id: str, dev: int, ino: int, known: _KnownIds) -> None:
+        As a list: hashing them into the index is most of the cost (a third
+        of it is the list), and a load that no append follows never needs it.
+        """
+        ids = [e.id for e in entries]
+        self._keep_ids(session_id, st.st_dev, st.st_ino, (ids, size))
+
+    def _keep_ids(self, session_id: str, dev: int, ino: int,
+                  known: _KnownIds | tuple[list[str], int]) -> None:
         with self._lock:
             self._loaded_ids.pop(session_id, None)
             self._loaded_ids[session_id] = (dev, ino, known)
@@ -1421,6 +1444,7 @@ def _forget_parent_state() -> None:
         store._lock = threading.Lock()
         _close_all(store._logs)
         store._queues.clear()
+        store._unstarted.clear()
         store._executor = None
 
 
