@@ -1055,8 +1055,8 @@ class FileStore:
                       entries: Sequence[Entry]) -> None:
         """Keep a load's ids, so that the next append need not read the file for them.
 
-        As a list: hashing them into the index is most of the cost (a third
-        of it is the list), and a load that no append follows never needs it.
+        As a list: hashing them into the index is most of the cost (the list
+        is about a quarter of it), and a load no append follows never needs it.
         """
         ids = [e.id for e in entries]
         self._keep_ids(session_id, st.st_dev, st.st_ino, (ids, size))
