@@ -30,6 +30,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
+from threadline.ai._messages import AssistantMessage, ToolCall, UserMessage
 from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -215,8 +216,44 @@ def _depth(line: bytes) -> int:
     return deepest
 
 
+_PLAIN_CLASSES = frozenset({MessageEntry, CompactionEntry, BranchSummaryEntry,
+                            CustomMessageEntry})
+
+
 def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
     """The line for ``entry`` and the entry a store gives back for it."""
+    if type(entry) in _PLAIN_CLASSES:
+        # The common case, in a few C calls: one encode, one decode back.
+        # Decoding back is what proves typed fields hold their types (a
+        # struct's constructor checks nothing) and untyped data survived
+        # JSON; its result is also what the store gives back.
+        ok = (type(entry.id) is str and entry.id and "\x00" not in entry.id
+              and (entry.parent_id is None
+                   or (type(entry.parent_id) is str and entry.parent_id
+                       and "\x00" not in entry.parent_id)))
+        if ok:
+            try:
+                line = _encoder.encode(entry)
+                back = _entry_decoder.decode(line)
+            except (msgspec.DecodeError, UnicodeEncodeError, RecursionError, TypeError,
+                    ValueError, OverflowError):
+                pass  # the careful path below says what is wrong
+            else:
+                if back == entry and (_schema_bounded(back) or _depth(line) <= MAX_DEPTH):
+                    return line, back
+    return _check_carefully(entry, session_id)
+
+
+def _schema_bounded(entry: Entry) -> bool:
+    """Whether ``entry``, as decoded, holds no untyped data (so it nests only a few levels)."""
+    message = entry.message if type(entry) is MessageEntry else None
+    if type(message) is UserMessage:
+        return True
+    return type(message) is AssistantMessage and not any(
+        type(part) is ToolCall for part in message.content)
+
+
+def _check_carefully(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
     def refuse(problem: str) -> InvalidEntry:
         entry_id = getattr(entry, "id", None)
         return InvalidEntry(problem, session_id=session_id,
