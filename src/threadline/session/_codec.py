@@ -25,12 +25,12 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, TypeAlias
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
-from threadline.ai._messages import AssistantMessage, ToolCall, UserMessage
+from threadline.ai._messages import AssistantMessage, Message, TextPart, ToolCall, UserMessage
 from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -48,12 +48,14 @@ from threadline.session._entries import (
 __all__ = [
     "KNOWN_TYPES",
     "MAX_DEPTH",
+    "compact_line",
     "decode_body",
     "decode_entry",
     "decode_init",
     "decode_lines",
     "encode_entry",
     "encode_init",
+    "expand_line",
     "export_lines",
     "format_version",
     "frame",
@@ -94,10 +96,17 @@ _WireEntry: TypeAlias = (
 )
 
 
+_NonEmpty: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
+_Compact: TypeAlias = tuple[
+    _NonEmpty, _NonEmpty | None, int | datetime, str | tuple[str] | Message
+]
+"""A message entry in format version 3: ``[id, parent_id, time, body]`` (see ``_compact``)."""
+
+
 class _Batch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
     """Several entries appended by one call, as one line (format version 2)."""
 
-    entries: list[_WireEntry]
+    entries: list[_WireEntry | _Compact]
 
 
 class _RawBatch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
@@ -115,8 +124,9 @@ class _Type(msgspec.Struct, gc=False):
     type: str
 
 
-_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
-_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch)
+_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Compact)
+_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch | _Compact)
+_message_decoder = msgspec.json.Decoder(MessageEntry)
 _raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
 _header_decoder = msgspec.json.Decoder(_Header)
 _type_decoder = msgspec.json.Decoder(_Type)
@@ -320,21 +330,117 @@ def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> l
     return [_check(entry, session_id)[1] for entry in entries]
 
 
-def frame(lines: Sequence[bytes], *, batch: bool = True) -> bytes:
+def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION) -> bytes:
     """What one ``append_entries`` call of these lines adds to a session file.
 
-    One line is written as it is. Several become one ``batch`` line, so a
-    reader sees all of them or, if the writer died, a torn last line; with
-    ``batch=False`` (a format version 1 file) they are written one per line.
+    ``lines`` are what ``encode_entry`` gave. One line is written as it is.
+    Several become one ``batch`` line (format version 2 on), so a reader sees
+    all of them or, if the writer died, a torn last line; a version 1 file
+    gets them one per line. From version 3 on, a message entry is written in
+    its compact form (``compact_line``).
     """
-    if len(lines) > 1 and batch:
+    if version >= 3:
+        lines = [compact_line(line) for line in lines]
+    if len(lines) > 1 and version >= 2:
         return b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
     return b"".join(line + b"\n" for line in lines)
 
 
+# -- the compact form of a message entry (format version 3) --------------------
+#
+# ``[id, parent_id, time, body]``. ``time`` is the timestamp in microseconds
+# after the millisecond the id (a UUIDv7) carries, or, for any other id or a
+# timestamp not in UTC, the timestamp itself as a string. ``body`` is the text
+# of a user message that is one text part, a one-element array holding the
+# text of such an assistant message with nothing else set, or the message
+# object as version 2 writes it. An entry with an ``origin_id`` keeps its
+# version 2 line.
+
+_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_PLAIN_ASSISTANT = AssistantMessage()
+
+
+def _id_ms(entry_id: str) -> int:
+    return int(entry_id[:8] + entry_id[9:13], 16)
+
+
+def _body(message: Message) -> str | tuple[str] | Message:
+    content = message.content
+    if len(content) == 1 and type(content[0]) is TextPart:
+        if type(message) is UserMessage:
+            return content[0].text
+        if (type(message) is AssistantMessage
+                and msgspec.structs.replace(message, content=()) == _PLAIN_ASSISTANT):
+            return (content[0].text,)
+    return message
+
+
+def _compact(entry: MessageEntry) -> tuple[Any, ...] | None:
+    if entry.origin_id is not None:
+        return None
+    ts = entry.timestamp
+    time: int | datetime = ts
+    if ts.tzinfo is UTC and _UUID7.match(entry.id):
+        time = (ts - _EPOCH) // _US - _id_ms(entry.id) * 1000
+    return (entry.id, entry.parent_id, time, _body(entry.message))
+
+
+def compact_line(line: bytes) -> bytes:
+    """The version 3 line for an ``encode_entry`` line (the line itself if it has none).
+
+    Only a message entry written exactly as this version writes it is
+    compacted: a line read from another program keeps its bytes (S15).
+    """
+    if not line.startswith(b'{"type":"message",'):
+        return line
+    try:
+        entry = _message_decoder.decode(line)
+    except msgspec.DecodeError:
+        return line
+    compact = _compact(entry)
+    if compact is None or _encoder.encode(entry) != line:
+        return line
+    return _encoder.encode(compact)
+
+
+def expand_line(line: bytes) -> bytes:
+    """The ``encode_entry`` line a stored line was made from (inverse of ``compact_line``)."""
+    if not line.startswith(b"["):
+        return line
+    try:
+        entry = decode_entry(line)
+    except CorruptLog:
+        return line
+    return _line(entry)
+
+
+def _expand(wire: tuple[Any, ...], where: _Where) -> tuple[MessageEntry, bool]:
+    """The entry of a compact line, and whether the line is how this version writes it."""
+    entry_id, parent_id, time, body = wire
+    canonical = True
+    if type(time) is int:
+        if not _UUID7.match(entry_id):
+            raise _corrupt(f"entry {entry_id!r} has a relative time, but its id is not "
+                           "a UUIDv7 to count it from", where)
+        time = _EPOCH + timedelta(microseconds=_id_ms(entry_id) * 1000 + time)
+    else:
+        canonical = not (time.tzinfo is UTC and _UUID7.match(entry_id))
+    if type(body) is str:
+        message: Message = UserMessage(content=(TextPart(text=body),))
+    elif type(body) is tuple:
+        message = AssistantMessage(content=(TextPart(text=body[0]),))
+    else:
+        message = body
+        canonical = canonical and _body(body) is body
+    entry = MessageEntry(id=entry_id, parent_id=parent_id, timestamp=time, message=message)
+    return entry, canonical
+
+
 def export_lines(entries: Sequence[Entry]) -> bytes:
     """Entries one per line, as read (no checks, no batch lines): for export."""
-    return frame([_line(entry) for entry in entries], batch=False)
+    return frame([_line(entry) for entry in entries], version=1)
 
 
 def encode_init(record: SessionRecord) -> bytes:
@@ -401,6 +507,12 @@ def _corrupt(detail: str, where: _Where) -> CorruptLog:
 
 def _settle(entry: Any, line: bytes, where: _Where) -> Entry:
     """Finish a decoded entry: check its header, type its custom data, keep odd bytes."""
+    if type(entry) is tuple:
+        wire = entry
+        entry, canonical = _expand(wire, where)
+        if canonical and _encoder.encode(wire) == line:
+            return entry  # type: ignore[no-any-return]
+        return _verbatim(entry, line)
     if type(entry) is CustomEntry:
         entry = _custom(entry, where)
     if _encoder.encode(entry) == line:
@@ -472,7 +584,10 @@ def decode_body(
         items: list[Any] = _line_decoder.decode_lines(memoryview(data)[start:end])
     except (msgspec.DecodeError, RecursionError):
         return _decode_each(data[start:end], where)
-    entries = _flatten(items, (session_id, path, first_line))
+    try:
+        entries = _flatten(items, (session_id, path, first_line))
+    except (_Recheck, CorruptLog):
+        return _decode_each(data[start:end], where)
     # The common case ends here: every line is exactly what this version
     # writes for what was decoded. Encoding back costs far less than decoding,
     # and it also catches what decode_lines lets by: a blank line, a header
@@ -482,27 +597,47 @@ def decode_body(
     return entries
 
 
+class _Recheck(Exception):
+    """A line the bulk decode cannot settle: decode the lines one by one."""
+
+
 def _flatten(items: list[Any], where: _Where) -> list[Entry]:
-    """The entries of decoded lines, custom data typed (``items`` changed to match)."""
+    """The entries of decoded lines, custom data typed (``items`` changed to match).
+
+    Compact lines stay in ``items`` as read, so that they can be compared
+    with the file; their entries share the previous entry's id string as
+    their parent id where they can (one string, not two, per entry).
+    """
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
-    if _Batch not in kinds and CustomEntry not in kinds:
+    if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
     session_id, path, first = where
     entries: list[Entry] = []
     for i, item in enumerate(items):
         where = (session_id, path, (first or 1) + i)
+        if type(item) is tuple:
+            entries.append(_shared(item, entries, where))
+            continue
         if type(item) is CustomEntry:
             items[i] = _custom(item, where)
         if type(item) is not _Batch:
             entries.append(items[i])
             continue
         batch: list[Any] = item.entries
-        if CustomEntry in set(map(type, batch)):
-            for j, entry in enumerate(batch):
-                if type(entry) is CustomEntry:
-                    batch[j] = _custom(entry, where)
-        entries.extend(batch)
+        for j, wire in enumerate(batch):
+            if type(wire) is CustomEntry:
+                batch[j] = _custom(wire, where)
+            entries.append(_shared(wire, entries, where) if type(wire) is tuple else batch[j])
     return entries
+
+
+def _shared(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> Entry:
+    entry, canonical = _expand(wire, where)
+    if not canonical:
+        raise _Recheck
+    if before and entry.parent_id is not None and entry.parent_id == before[-1].id:
+        msgspec.structs.force_setattr(entry, "parent_id", before[-1].id)
+    return entry
 
 
 def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
@@ -533,6 +668,8 @@ def _decode_each(body: bytes, where: _Where) -> list[Entry]:
 
 
 def _decode_line(line: bytes, where: _Where) -> list[Entry]:
+    if line.startswith(b"["):  # a compact entry (version 3)
+        return [decode_entry(line, session_id=where[0], path=where[1], lineno=where[2])]
     try:
         kind = _type_decoder.decode(line).type
     except msgspec.DecodeError as exc:
