@@ -645,20 +645,17 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     return entries
 
 
-def _shared(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> Entry:
+def _shared(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> MessageEntry:
     entry_id, parent_id, time, body = wire
+    if before and parent_id is not None and parent_id == before[-1].id:
+        parent_id = before[-1].id  # one string object for both
     if type(time) is int and type(body) is str:  # the common case, inline
-        entry: Entry = MessageEntry(
+        return MessageEntry(
             id=entry_id, parent_id=parent_id, timestamp=_time(entry_id, time, where),
             message=UserMessage(content=(TextPart(text=body),)))
-    else:
-        entry, canonical = _expand(wire, where)
-        if not canonical:
-            raise _Recheck
-    if before and parent_id is not None:
-        last = before[-1].id
-        if parent_id == last:
-            msgspec.structs.force_setattr(entry, "parent_id", last)
+    entry, canonical = _expand((entry_id, parent_id, time, body), where)
+    if not canonical:
+        raise _Recheck
     return entry
 
 
