@@ -259,8 +259,9 @@ def _schema_bounded(entry: Entry) -> bool:
     message = entry.message if type(entry) is MessageEntry else None
     if type(message) is UserMessage:
         return True
-    return type(message) is AssistantMessage and not any(
-        type(part) is ToolCall for part in message.content)
+    if type(message) is not AssistantMessage:
+        return False
+    return ToolCall not in set(map(type, message.content))  # no Python loop
 
 
 def _check_carefully(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
@@ -625,38 +626,55 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
     if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
-    session_id, path, first = where
     entries: list[Entry] = []
+    session_id, path, first = where
     for i, item in enumerate(items):
-        where = (session_id, path, (first or 1) + i)
         if type(item) is tuple:
-            entries.append(_shared(item, entries, where))
-            continue
-        if type(item) is CustomEntry:
-            items[i] = _custom(item, where)
-        if type(item) is not _Batch:
-            entries.append(items[i])
-            continue
-        batch: list[Any] = item.entries
-        for j, wire in enumerate(batch):
-            if type(wire) is CustomEntry:
-                batch[j] = _custom(wire, where)
-            entries.append(_shared(wire, entries, where) if type(wire) is tuple else batch[j])
+            entries.append(_from_compact(item, entries, where))
+        elif type(item) is _Batch or type(item) is CustomEntry:
+            where = (session_id, path, (first or 1) + i)
+            items[i] = _other(item, entries, where)
+        else:
+            entries.append(item)
     return entries
 
 
-def _shared(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> MessageEntry:
+def _from_compact(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> MessageEntry:
     entry_id, parent_id, time, body = wire
     if before and parent_id is not None and parent_id == before[-1].id:
         parent_id = before[-1].id  # one string object for both
-    if type(time) is int and type(body) is str:  # the common case, inline
-        return MessageEntry(
-            id=entry_id, parent_id=parent_id, timestamp=_time(entry_id, time, where),
-            message=UserMessage(content=(TextPart(text=body),)))
+    if type(time) is int:  # the common cases inline: no call per part
+        if type(body) is str:
+            message: Message = UserMessage(content=(TextPart(text=body),))
+        elif type(body) is tuple:
+            message = AssistantMessage(content=(TextPart(text=body[0]),))
+        else:
+            message = body
+            if _body(body) is not body:
+                raise _Recheck
+        return MessageEntry(id=entry_id, parent_id=parent_id,
+                            timestamp=_time(entry_id, time, where), message=message)
     entry, canonical = _expand((entry_id, parent_id, time, body), where)
     if not canonical:
         raise _Recheck
     return entry
+
+
+def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
+    """A batch line's entries, or a custom entry, added to ``entries``; the item as kept."""
+    if type(item) is CustomEntry:
+        item = _custom(item, where)
+        entries.append(item)
+        return item
+    batch: list[Any] = item.entries
+    for j, wire in enumerate(batch):
+        if type(wire) is tuple:
+            entries.append(_from_compact(wire, entries, where))
+            continue
+        if type(wire) is CustomEntry:
+            batch[j] = _custom(wire, where)
+        entries.append(batch[j])
+    return item
 
 
 def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
