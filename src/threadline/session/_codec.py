@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any, TypeAlias
 
 import msgspec
@@ -97,10 +97,8 @@ _WireEntry: TypeAlias = (
 
 
 _NonEmpty: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
-_Compact: TypeAlias = tuple[
-    _NonEmpty, _NonEmpty | None, int | datetime, str | tuple[str] | Message
-]
-"""A message entry in format version 3: ``[id, parent_id, time, body]`` (see ``_compact``)."""
+_Compact: TypeAlias = tuple[_NonEmpty, _NonEmpty | None, datetime, str | tuple[str] | Message]
+"""A message entry in format version 3: ``[id, parent_id, timestamp, body]``."""
 
 
 class _Batch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
@@ -349,43 +347,26 @@ def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION) -> bytes:
 
 # -- the compact form of a message entry (format version 3) --------------------
 #
-# ``[id, parent_id, time, body]``. ``time`` is the timestamp in microseconds
-# after the millisecond the id (a UUIDv7) carries, or, for any other id or a
-# timestamp not in UTC, the timestamp itself as a string. ``body`` is the text
-# of a user message that is one text part, a one-element array holding the
-# text of such an assistant message with nothing else set, or the message
-# object as version 2 writes it. An entry with an ``origin_id`` keeps its
-# version 2 line.
-
-_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-_PLAIN_ASSISTANT = AssistantMessage()
-
-
-def _id_ms(entry_id: str) -> int:
-    return int(entry_id[:8] + entry_id[9:13], 16)
-
+# ``[id, parent_id, timestamp, body]``. ``body`` is the text of a user message
+# that is one text part, a one-element array holding the text of such an
+# assistant message with nothing else set, or the message object as version 2
+# writes it. An entry with an ``origin_id`` keeps its version 2 line. The
+# timestamp stays a string, which msgspec decodes in C: deriving it from the
+# UUIDv7 would save 25 bytes a line but double the cost of a load (see
+# docs/benchmarks.md, "Session file format").
 
 def _body(message: Message) -> str | tuple[str] | Message:
     content = message.content
     if len(content) == 1 and type(content[0]) is TextPart:
         if type(message) is UserMessage:
             return content[0].text
+        # Compared as bytes: a field equal to its default but not the default
+        # object itself (``usage=Usage()``) is written, so it must stay.
         if (type(message) is AssistantMessage
-                and msgspec.structs.replace(message, content=()) == _PLAIN_ASSISTANT):
+                and _encoder.encode(msgspec.structs.replace(message, content=()))
+                == b'{"role":"assistant"}'):
             return (content[0].text,)
     return message
-
-
-def _compact(entry: MessageEntry) -> tuple[Any, ...] | None:
-    if entry.origin_id is not None:
-        return None
-    ts = entry.timestamp
-    time: int | datetime = ts
-    if ts.tzinfo is UTC and _UUID7.match(entry.id):
-        time = (ts - _EPOCH) // _US - _id_ms(entry.id) * 1000
-    return (entry.id, entry.parent_id, time, _body(entry.message))
 
 
 def compact_line(line: bytes) -> bytes:
@@ -400,10 +381,9 @@ def compact_line(line: bytes) -> bytes:
         entry = _message_decoder.decode(line)
     except msgspec.DecodeError:
         return line
-    compact = _compact(entry)
-    if compact is None or _encoder.encode(entry) != line:
+    if entry.origin_id is not None or _encoder.encode(entry) != line:
         return line
-    return _encoder.encode(compact)
+    return _encoder.encode((entry.id, entry.parent_id, entry.timestamp, _body(entry.message)))
 
 
 def expand_line(line: bytes) -> bytes:
@@ -417,37 +397,23 @@ def expand_line(line: bytes) -> bytes:
     return _line(entry)
 
 
-def _expand(wire: tuple[Any, ...], where: _Where) -> tuple[MessageEntry, bool]:
-    """The entry of a compact line, and whether the line is how this version writes it."""
-    entry_id, parent_id, time, body = wire
+def _expand(wire: tuple[Any, ...]) -> tuple[MessageEntry, bool]:
+    """The entry of a compact line, and whether this version writes it so.
+
+    The one spelling a re-encode of the line cannot catch: a message object
+    where this version writes the shorthand.
+    """
+    entry_id, parent_id, timestamp, body = wire
     canonical = True
-    if type(time) is int:
-        time = _time(entry_id, time, where)
-    else:
-        canonical = not (time.tzinfo is UTC and _UUID7.match(entry_id))
     if type(body) is str:
         message: Message = UserMessage(content=(TextPart(text=body),))
     elif type(body) is tuple:
         message = AssistantMessage(content=(TextPart(text=body[0]),))
     else:
         message = body
-        canonical = canonical and _body(body) is body
-    entry = MessageEntry(id=entry_id, parent_id=parent_id, timestamp=time, message=message)
+        canonical = _body(body) is body
+    entry = MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
     return entry, canonical
-
-
-def _time(entry_id: str, time: int, where: _Where) -> datetime:
-    # Cheaper than the full pattern, and enough: a writer puts a relative
-    # time only next to a UUIDv7, and any other id fails here or parses.
-    try:
-        if entry_id[14] != "7" or entry_id[8] != "-":
-            raise ValueError(entry_id)
-        seconds, us = divmod(int(entry_id[:8] + entry_id[9:13], 16) * 1000 + time, 1_000_000)
-        # Positional timedelta arguments: the keyword form is several times slower.
-        return _EPOCH + timedelta(0, seconds, us)
-    except (ValueError, IndexError, OverflowError) as exc:
-        raise _corrupt(f"entry {entry_id!r} has a relative time, but its id is not "
-                       "a UUIDv7 to count it from", where) from exc
 
 
 def export_lines(entries: Sequence[Entry]) -> bytes:
@@ -524,7 +490,7 @@ def _settle(entry: Any, line: bytes, where: _Where) -> Entry:
     """Finish a decoded entry: check its header, type its custom data, keep odd bytes."""
     if type(entry) is tuple:
         wire = entry
-        entry, canonical = _expand(wire, where)
+        entry, canonical = _expand(wire)
         if canonical and _encoder.encode(wire) == line:
             return entry  # type: ignore[no-any-return]
         return _verbatim(entry, line)
@@ -630,7 +596,7 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     session_id, path, first = where
     for i, item in enumerate(items):
         if type(item) is tuple:
-            entries.append(_from_compact(item, entries, where))
+            entries.append(_from_compact(item, entries))
         elif type(item) is _Batch or type(item) is CustomEntry:
             where = (session_id, path, (first or 1) + i)
             items[i] = _other(item, entries, where)
@@ -639,25 +605,19 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     return entries
 
 
-def _from_compact(wire: tuple[Any, ...], before: list[Entry], where: _Where) -> MessageEntry:
-    entry_id, parent_id, time, body = wire
+def _from_compact(wire: tuple[Any, ...], before: list[Entry]) -> MessageEntry:
+    entry_id, parent_id, timestamp, body = wire
     if before and parent_id is not None and parent_id == before[-1].id:
         parent_id = before[-1].id  # one string object for both
-    if type(time) is int:  # the common cases inline: no call per part
-        if type(body) is str:
-            message: Message = UserMessage(content=(TextPart(text=body),))
-        elif type(body) is tuple:
-            message = AssistantMessage(content=(TextPart(text=body[0]),))
-        else:
-            message = body
-            if _body(body) is not body:
-                raise _Recheck
-        return MessageEntry(id=entry_id, parent_id=parent_id,
-                            timestamp=_time(entry_id, time, where), message=message)
-    entry, canonical = _expand((entry_id, parent_id, time, body), where)
-    if not canonical:
-        raise _Recheck
-    return entry
+    if type(body) is str:  # the common cases inline: no call per part
+        message: Message = UserMessage(content=(TextPart(text=body),))
+    elif type(body) is tuple:
+        message = AssistantMessage(content=(TextPart(text=body[0]),))
+    else:
+        message = body
+        if _body(message) is not message:
+            raise _Recheck
+    return MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
 
 
 def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
@@ -669,7 +629,7 @@ def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
     batch: list[Any] = item.entries
     for j, wire in enumerate(batch):
         if type(wire) is tuple:
-            entries.append(_from_compact(wire, entries, where))
+            entries.append(_from_compact(wire, entries))
             continue
         if type(wire) is CustomEntry:
             batch[j] = _custom(wire, where)
