@@ -716,3 +716,19 @@ def test_s37_a_compact_line_this_version_would_write_otherwise_is_kept(line: byt
     assert frame([encode_entry(entry)], version=3) == line + b"\n"
     assert decode_lines(line + b"\n" + line.replace(b"0195510a-8e20", b"0195510a-8e21")) == [
         entry, decode_entry(line.replace(b"0195510a-8e20", b"0195510a-8e21"))]
+
+
+def test_s36_a_loaded_chain_holds_each_id_once() -> None:
+    # The retained memory of a load: a compact entry's parent id is the
+    # previous entry's id string itself, in a plain run and in a mixed one.
+    chain: list[Entry] = []
+    for n in range(6):
+        parent = chain[-1].id if chain else None
+        chain.append(MessageEntry(parent_id=parent, message=UserMessage.of(f"m{n}")))
+    lines = [encode_entry(e) for e in chain]
+    for body in (b"".join(frame([line], version=3) for line in lines),
+                 frame(lines[:1], version=3) + frame(lines[1:4], version=3)
+                 + frame(lines[4:], version=2)):
+        loaded = decode_lines(body)
+        assert loaded == chain
+        assert all(loaded[n].parent_id is loaded[n - 1].id for n in range(1, 4))

@@ -592,6 +592,8 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
     if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
+    if kinds == {tuple}:  # a version 3 file of single appends: the tightest loop
+        return _compact_run(items)
     entries: list[Entry] = []
     session_id, path, first = where
     for i, item in enumerate(items):
@@ -602,6 +604,27 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
             items[i] = _other(item, entries, where)
         else:
             entries.append(item)
+    return entries
+
+
+def _compact_run(items: list[tuple[Any, ...]]) -> list[Entry]:
+    """``_from_compact`` of every item, inline: a call per entry is a fair part of the cost."""
+    entries: list[Entry] = []
+    append = entries.append
+    last = None
+    for entry_id, stored_parent, timestamp, body in items:
+        parent_id = last if stored_parent == last else stored_parent  # one str for both
+        if type(body) is str:
+            message: Message = UserMessage(content=(TextPart(text=body),))
+        elif type(body) is tuple:
+            message = AssistantMessage(content=(TextPart(text=body[0]),))
+        else:
+            message = body
+            if _body(message) is not message:
+                raise _Recheck
+        append(MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp,
+                            message=message))
+        last = entry_id
     return entries
 
 
