@@ -593,7 +593,7 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
     if kinds == {tuple}:  # a version 3 file of single appends: the tightest loop
-        return _compact_run(items)
+        return _compact_run(items, None)
     entries: list[Entry] = []
     session_id, path, first = where
     for i, item in enumerate(items):
@@ -607,11 +607,13 @@ def _flatten(items: list[Any], where: _Where) -> list[Entry]:
     return entries
 
 
-def _compact_run(items: list[tuple[Any, ...]]) -> list[Entry]:
-    """``_from_compact`` of every item, inline: a call per entry is a fair part of the cost."""
+def _compact_run(items: list[tuple[Any, ...]], last: str | None) -> list[Entry]:
+    """``_from_compact`` of every item (``last``: the id before them), inline.
+
+    A call per entry is a fair part of the cost of a load.
+    """
     entries: list[Entry] = []
     append = entries.append
-    last = None
     for entry_id, stored_parent, timestamp, body in items:
         parent_id = last if stored_parent == last else stored_parent  # one str for both
         if type(body) is str:
@@ -650,6 +652,9 @@ def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
         entries.append(item)
         return item
     batch: list[Any] = item.entries
+    if set(map(type, batch)) == {tuple}:
+        entries.extend(_compact_run(batch, entries[-1].id if entries else None))
+        return item
     for j, wire in enumerate(batch):
         if type(wire) is tuple:
             entries.append(_from_compact(wire, entries))
