@@ -1,10 +1,12 @@
 """The JSON-lines codec: every byte a store writes or reads passes through here.
 
-One entry encodes to one line of compact JSON with a ``type`` discriminator.
-The SQL and memory stores keep each entry's line as it is; the file store
-writes the lines of one ``append_entries`` call with ``frame`` (a call of
-several entries becomes one ``batch`` line, so a crash cannot leave half of
-it), and reads a file body with ``decode_lines``.
+One entry encodes to one line of compact JSON with a ``type`` discriminator
+(its canonical line). The SQL and memory stores keep each entry's line as it
+is; the file store writes the lines of one ``append_entries`` call with
+``frame`` (a call of several entries becomes one ``batch`` line, so a crash
+cannot leave half of it; from format version 3 on, a message entry becomes
+the array ``[id, parent_id, timestamp, body]``, see ``compact_line``), and
+reads a file body with ``decode_lines``, which reads every version.
 
 Writing is strict: ``encode_entry`` refuses, with ``InvalidEntry``, anything
 that would not load back exactly as it was given (bad ids, lone surrogates,
