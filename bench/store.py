@@ -63,7 +63,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.session import FileStore, MessageEntry, SessionRecord, _file
-from threadline.session._codec import _Batch, _WireEntry, encode_entry, export_lines
+from threadline.session._codec import _Batch, _Compact, _WireEntry, encode_entry, export_lines
 
 RESULTS = Path(__file__).parent / "results" / "store.json"
 WORDS = [
@@ -299,7 +299,7 @@ def bench_open(root: Path, n: int, repeats: int) -> dict[str, Any]:
     path = store.path_for(sid)
     size = path.stat().st_size
     # The same types, and the batch lines the store writes for calls of many entries.
-    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch)
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch | _Compact)
 
     def floor() -> int:
         gc.disable()

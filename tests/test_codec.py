@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,14 @@ from threadline.ai._messages import (
 from threadline.errors import ConfigError, CorruptLog, InvalidEntry
 from threadline.session._codec import (
     _InitLine,
+    compact_line,
     decode_entry,
     decode_init,
     decode_lines,
     encode_entry,
     encode_init,
+    expand_line,
+    frame,
 )
 from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import (
@@ -155,7 +158,7 @@ def test_encode_entries_writes_one_terminated_line_per_entry() -> None:
     blob = encode_entries(entries)
     assert blob.endswith(b"\n")
     lines = blob.split(b"\n")[:-1]
-    assert lines == [encode_entry(e) for e in entries]
+    assert lines == [compact_line(encode_entry(e)) for e in entries]  # as a v3 file holds them
     assert [decode_entry(x) for x in lines] == entries
     assert encode_entries([]) == b""
 
@@ -507,10 +510,14 @@ def test_design_doc_example_session_file_decodes_and_reencodes_unchanged() -> No
     record = decode_init(first)
     assert record.id == "user-42"
     assert encode_init(record) == first
-    decoded = [decode_entry(line) for line in rest]
+    decoded = decode_lines(b"\n".join(rest))
     assert [type(e).__name__ for e in decoded] == ["MessageEntry"] * 3 + ["CustomEntry"]
     assert [e.parent_id for e in decoded[1:]] == [e.id for e in decoded[:-1]]
-    assert encode_entries(decoded) == b"\n".join(rest) + b"\n"
+    # Written again as the file store writes them: two single calls, then one of two.
+    lines = [encode_entry(e) for e in decoded]
+    assert [frame(lines[:1]), frame(lines[1:2]), frame(lines[2:])] == [
+        line + b"\n" for line in rest]
+    assert all(line.startswith(b"[") for line in rest[:2])  # compact message entries
 
 
 # -- foreign lines byte for byte (S15) ------------------------------------------------
@@ -595,3 +602,133 @@ def test_s15_an_entry_read_from_a_foreign_line_pickles_with_its_line() -> None:
     for clone in (pickle.loads(pickle.dumps(entry)), copy.deepcopy(entry), copy.copy(entry)):
         assert clone == entry
         assert encode_entry(clone) == line
+
+
+# -- format version 3: compact message entries (S36, S37) -------------------------------
+
+
+def _uuid7(ms: int, rest: int) -> str:
+    value = (ms << 80) | (0x7 << 76) | ((rest >> 62) & 0xFFF) << 64 | (0b10 << 62) | (
+        rest & ((1 << 62) - 1))
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_v7_ids = st.builds(_uuid7, st.integers(0, 2**48 - 1), st.integers(0, 2**74 - 1))
+_offsets = st.sampled_from([timezone(timedelta(hours=2)),
+                            timezone(-timedelta(hours=5, minutes=30))])
+_any_ts = st.datetimes(timezones=_offsets) | st.datetimes()  # an offset, or none
+_text_messages = st.one_of(
+    st.builds(UserMessage.of, st.text()),
+    st.builds(lambda t: AssistantMessage(content=(TextPart(text=t),)), st.text()),
+    messages,
+)
+compactable = st.builds(
+    MessageEntry, id=_v7_ids | _ids, parent_id=st.none() | _v7_ids | _ids,
+    timestamp=_ts | _any_ts, message=_text_messages, origin_id=st.none() | _ids,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(compactable)
+def test_s36_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) -> None:
+    line = encode_entry(entry)
+    compact = compact_line(line)
+    back = decode_entry(compact)
+    assert back == entry
+    assert (back.id, back.parent_id, back.timestamp) == (entry.id, entry.parent_id,
+                                                         entry.timestamp)
+    assert back.timestamp.utcoffset() == entry.timestamp.utcoffset()
+    assert expand_line(compact) == line
+    assert decode_lines(compact + b"\n") == [entry]
+    assert compact_line(encode_entry(back)) == compact  # the same bytes every time
+    assert compact.startswith(b"[") is (entry.origin_id is None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(compactable | entries, min_size=1, max_size=8))
+def test_s36_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -> None:
+    lines = [encode_entry(e) for e in batch]
+    one_call = frame(lines, version=3)
+    assert one_call.count(b"\n") == 1  # still one line per call (S14)
+    each = b"".join(frame([line], version=3) for line in lines)
+    assert decode_lines(one_call) == batch
+    assert decode_lines(each) == batch
+    assert frame(lines, version=2) == (b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
+                                       if len(lines) > 1 else lines[0] + b"\n")
+
+
+def test_s36_a_text_message_costs_half_its_canonical_framing() -> None:
+    text = "x" * 400
+    entry = MessageEntry(parent_id=_uuid7(1, 2), message=UserMessage.of(text))
+    compact = compact_line(encode_entry(entry))
+    assert compact == msgspec.json.encode([entry.id, entry.parent_id, entry.timestamp, text])
+    assert len(compact) - len(text) < 120  # against about 220 for the canonical line
+    assert len(encode_entry(entry)) - len(text) > 200
+    reply = MessageEntry(parent_id=entry.id,
+                         message=AssistantMessage(content=(TextPart(text=text),)))
+    assert compact_line(encode_entry(reply)).endswith(b',["' + text.encode() + b'"]]')
+    # Anything more than one text part, or a set field, keeps the message object.
+    tool = MessageEntry(message=AssistantMessage(content=(TextPart(text="t"),), model="m"))
+    assert compact_line(encode_entry(tool)).endswith(
+        b',{"role":"assistant","content":[{"type":"text","text":"t"}],"model":"m"}]')
+
+
+def test_s36_a_compact_line_is_checked_like_any_line() -> None:
+    with pytest.raises(CorruptLog) as info:
+        decode_entry(b'["a",null,"yesterday","hi"]', path="f.jsonl", lineno=3)
+    assert (info.value.path, info.value.line) == ("f.jsonl", 3)
+    for bad in (b'["",null,"2025-01-01T00:00:00Z","hi"]', b'["a",""]', b'["a",null,1,"hi"]'):
+        with pytest.raises(CorruptLog):
+            decode_lines(bad + b"\n")
+
+
+@pytest.mark.parametrize("line", [
+    # a foreign message line, however close to what this version writes
+    b'{"type":"message","id":"0195510a-8e20-7c11-9a2b-3f0e6c1d2a01","timestamp":'
+    b'"2025-03-01T09:30:01.12025Z","message":{"role":"user","content":[{"type":"text",'
+    b'"text":"hi"}]}}',
+    b'{"type":"message","id":"0195510a-8e20-7c11-9a2b-3f0e6c1d2a01","timestamp":'
+    b'"2025-03-01T09:30:01.120250Z","message":{"role":"user","content":[{"type":"text",'
+    b'"text":"hi"}]},"extra":1}',
+])
+def test_s37_foreign_lines_keep_their_bytes_in_a_version_3_file(line: bytes) -> None:
+    assert compact_line(line) == line
+    entry = decode_entry(line)
+    assert frame([encode_entry(entry)], version=3) == line + b"\n"
+
+
+@pytest.mark.parametrize("line", [
+    # a message object where this version writes the bare text
+    b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01",null,"2025-03-01T09:30:01.120250Z",'
+    b'{"role":"user","content":[{"type":"text","text":"hi"}]}]',
+    # another spelling of the timestamp, other spacing, another escape
+    b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01",null,"2025-03-01T09:30:01.12025+00:00","hi"]',
+    b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01", null, "2025-03-01T09:30:01.120250Z", "hi"]',
+    b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01",null,"2025-03-01T09:30:01.120250Z","\\u0068i"]',
+])
+def test_s37_a_compact_line_this_version_would_write_otherwise_is_kept(line: bytes) -> None:
+    entry = decode_entry(line)
+    assert isinstance(entry, MessageEntry)
+    assert entry.message == UserMessage.of("hi")
+    assert entry.timestamp == datetime(2025, 3, 1, 9, 30, 1, 120250, tzinfo=UTC)
+    assert encode_entry(entry) == line
+    assert frame([encode_entry(entry)], version=3) == line + b"\n"
+    assert decode_lines(line + b"\n" + line.replace(b"0195510a-8e20", b"0195510a-8e21")) == [
+        entry, decode_entry(line.replace(b"0195510a-8e20", b"0195510a-8e21"))]
+
+
+def test_s36_a_loaded_chain_holds_each_id_once() -> None:
+    # The retained memory of a load: a compact entry's parent id is the
+    # previous entry's id string itself, in a plain run and in a mixed one.
+    chain: list[Entry] = []
+    for n in range(6):
+        parent = chain[-1].id if chain else None
+        chain.append(MessageEntry(parent_id=parent, message=UserMessage.of(f"m{n}")))
+    lines = [encode_entry(e) for e in chain]
+    for body in (b"".join(frame([line], version=3) for line in lines),
+                 frame(lines[:1], version=3) + frame(lines[1:4], version=3)
+                 + frame(lines[4:], version=2)):
+        loaded = decode_lines(body)
+        assert loaded == chain
+        assert all(loaded[n].parent_id is loaded[n - 1].id for n in range(1, 4))

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from threadline.ai._messages import TextPart, ToolResultMessage, UserMessage
 from threadline.errors import CorruptLog, InvalidSessionId
 from threadline.session import FileStore, MessageEntry, SessionRecord, check_session_id
-from threadline.session._codec import encode_entry, encode_init
+from threadline.session._codec import encode_entry, encode_init, frame
 from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import Entry
 from threadline.session._file import session_file_name
@@ -183,7 +183,7 @@ async def test_s8_torn_last_line_at_every_byte_offset(tmp_path: Path, durability
 
         new = _msg("next", good[-1].id)
         await store.append_entries("torn", [new])
-        assert path.read_bytes() == prefix + encode_entry(new) + b"\n"
+        assert path.read_bytes() == prefix + frame([encode_entry(new)])
         aside = tmp_path / "torn.jsonl.torn-1"
         if cut:
             assert aside.read_bytes() == fragment  # nothing is thrown away

@@ -39,7 +39,7 @@ from threadline.session import (
     decode_lines,
     encode_entry,
 )
-from threadline.session._codec import encode_init
+from threadline.session._codec import compact_line, encode_init
 from threadline.session._entries import Entry
 from threadline.stores import copy_sessions
 from threadline.testing import FaultyStore, StoreConformance, StoreOpener
@@ -66,10 +66,10 @@ async def test_s14_one_call_of_many_entries_is_one_batch_line(tmp_path: Path) ->
     await store.append_entries("s", single)
     await store.append_entries("s", several)
     first, one, batch = (tmp_path / "s.jsonl").read_bytes().splitlines()
-    assert msgspec.json.decode(first)["version"] == FORMAT_VERSION == 2
-    assert one == encode_entry(single[0])  # a single entry pays no framing bytes
+    assert msgspec.json.decode(first)["version"] == FORMAT_VERSION == 3
+    assert one == compact_line(encode_entry(single[0]))  # a single entry pays no framing bytes
     assert batch == (b'{"type":"batch","entries":['
-                     + b",".join(encode_entry(e) for e in several) + b"]}")
+                     + b",".join(compact_line(encode_entry(e)) for e in several) + b"]}")
     assert [encode_entry(e) for e in await store.load_entries("s")] == [
         encode_entry(e) for e in single + several
     ]

@@ -342,7 +342,7 @@ async def test_s8_replaced_file_is_reopened_and_its_id_checked(tmp_path: Path) -
     os.rename(path, tmp_path / "elsewhere")
     with pytest.raises(SessionNotFound):
         await store.append_entries("s", [_msg("y")])
-    assert (tmp_path / "elsewhere").read_bytes().endswith(b"after restore\"}]}}\n")
+    assert (tmp_path / "elsewhere").read_bytes().endswith(b'"after restore"]\n')
 
 
 async def test_s4_other_writers_between_appends_of_an_open_file(tmp_path: Path) -> None:
@@ -723,11 +723,11 @@ async def test_s17_a_store_opened_without_create_reads_and_writes_the_root(
     assert not (tmp_path / "nowhere").exists()
 
 
-def _as_version_1(path: Path) -> None:
-    """Mark a fresh session file as written by format version 1 (one line per entry)."""
+def _as_version(path: Path, version: int) -> None:
+    """Mark a fresh session file as written by an older format version."""
     data = path.read_bytes()
-    assert b'"version":2' in data.split(b"\n", 1)[0]
-    path.write_bytes(data.replace(b'"version":2', b'"version":1', 1))
+    assert b'"version":3' in data.split(b"\n", 1)[0]
+    path.write_bytes(data.replace(b'"version":3', b'"version":%d' % version, 1))
 
 
 async def test_s25_a_retry_is_checked_against_the_batch_line_and_v1_lines(
@@ -737,18 +737,19 @@ async def test_s25_a_retry_is_checked_against_the_batch_line_and_v1_lines(
     # entry (a version 1 file): either way the retry, or the retry of a run of
     # it, is the same bytes in the file's order and stores nothing, while a
     # changed entry, a skip or another order is refused.
-    for version in (2, 1):
+    for version in (3, 2, 1):
         store = FileStore(tmp_path / f"v{version}")
         await store.create_session(SessionRecord(id="s"))
-        if version == 1:
-            _as_version_1(store.path_for("s"))
+        if version < 3:
+            _as_version(store.path_for("s"), version)
         batch = [_msg("a")]
         batch += [_msg("b", batch[0].id), _msg("c")]
         await store.append_entries("s", [_msg("before")])
         await store.append_entries("s", batch)
         path = store.path_for("s")
         size = path.stat().st_size
-        assert (path.read_bytes().count(b"\n") == 3) is (version == 2)
+        assert (path.read_bytes().count(b"\n") == 3) is (version >= 2)
+        assert (b'\n["' in path.read_bytes()) is (version == 3)  # compact message lines
         for handle in (store, FileStore(tmp_path / f"v{version}")):  # offsets known, or not
             for retry in (batch, batch[1:], batch[:2], [batch[1]]):
                 await handle.append_entries("s", retry)

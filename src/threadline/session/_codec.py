@@ -1,10 +1,12 @@
 """The JSON-lines codec: every byte a store writes or reads passes through here.
 
-One entry encodes to one line of compact JSON with a ``type`` discriminator.
-The SQL and memory stores keep each entry's line as it is; the file store
-writes the lines of one ``append_entries`` call with ``frame`` (a call of
-several entries becomes one ``batch`` line, so a crash cannot leave half of
-it), and reads a file body with ``decode_lines``.
+One entry encodes to one line of compact JSON with a ``type`` discriminator
+(its canonical line). The SQL and memory stores keep each entry's line as it
+is; the file store writes the lines of one ``append_entries`` call with
+``frame`` (a call of several entries becomes one ``batch`` line, so a crash
+cannot leave half of it; from format version 3 on, a message entry becomes
+the array ``[id, parent_id, timestamp, body]``, see ``compact_line``), and
+reads a file body with ``decode_lines``, which reads every version.
 
 Writing is strict: ``encode_entry`` refuses, with ``InvalidEntry``, anything
 that would not load back exactly as it was given (bad ids, lone surrogates,
@@ -26,10 +28,11 @@ import re
 import types
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
+from threadline.ai._messages import AssistantMessage, Message, TextPart, ToolCall, UserMessage
 from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -47,12 +50,14 @@ from threadline.session._entries import (
 __all__ = [
     "KNOWN_TYPES",
     "MAX_DEPTH",
+    "compact_line",
     "decode_body",
     "decode_entry",
     "decode_init",
     "decode_lines",
     "encode_entry",
     "encode_init",
+    "expand_line",
     "export_lines",
     "format_version",
     "frame",
@@ -93,10 +98,15 @@ _WireEntry: TypeAlias = (
 )
 
 
+_NonEmpty: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
+_Compact: TypeAlias = tuple[_NonEmpty, _NonEmpty | None, datetime, str | tuple[str] | Message]
+"""A message entry in format version 3: ``[id, parent_id, timestamp, body]``."""
+
+
 class _Batch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
     """Several entries appended by one call, as one line (format version 2)."""
 
-    entries: list[_WireEntry]
+    entries: list[_WireEntry | _Compact]
 
 
 class _RawBatch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
@@ -114,8 +124,9 @@ class _Type(msgspec.Struct, gc=False):
     type: str
 
 
-_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry)
-_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch)
+_entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Compact)
+_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch | _Compact)
+_message_decoder = msgspec.json.Decoder(MessageEntry)
 _raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
 _header_decoder = msgspec.json.Decoder(_Header)
 _type_decoder = msgspec.json.Decoder(_Type)
@@ -215,8 +226,45 @@ def _depth(line: bytes) -> int:
     return deepest
 
 
+_PLAIN_CLASSES = frozenset({MessageEntry, CompactionEntry, BranchSummaryEntry,
+                            CustomMessageEntry})
+
+
 def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
     """The line for ``entry`` and the entry a store gives back for it."""
+    if type(entry) in _PLAIN_CLASSES:
+        # The common case, in a few C calls: one encode, one decode back.
+        # Decoding back is what proves typed fields hold their types (a
+        # struct's constructor checks nothing) and untyped data survived
+        # JSON; its result is also what the store gives back.
+        ok = (type(entry.id) is str and entry.id and "\x00" not in entry.id
+              and (entry.parent_id is None
+                   or (type(entry.parent_id) is str and entry.parent_id
+                       and "\x00" not in entry.parent_id)))
+        if ok:
+            try:
+                line = _encoder.encode(entry)
+                back = _entry_decoder.decode(line)
+            except (msgspec.DecodeError, UnicodeEncodeError, RecursionError, TypeError,
+                    ValueError, OverflowError):
+                pass  # the careful path below says what is wrong
+            else:
+                if back == entry and (_schema_bounded(back) or _depth(line) <= MAX_DEPTH):
+                    return line, back
+    return _check_carefully(entry, session_id)
+
+
+def _schema_bounded(entry: Entry) -> bool:
+    """Whether ``entry``, as decoded, holds no untyped data (so it nests only a few levels)."""
+    message = entry.message if type(entry) is MessageEntry else None
+    if type(message) is UserMessage:
+        return True
+    if type(message) is not AssistantMessage:
+        return False
+    return ToolCall not in set(map(type, message.content))  # no Python loop
+
+
+def _check_carefully(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
     def refuse(problem: str) -> InvalidEntry:
         entry_id = getattr(entry, "id", None)
         return InvalidEntry(problem, session_id=session_id,
@@ -283,21 +331,99 @@ def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> l
     return [_check(entry, session_id)[1] for entry in entries]
 
 
-def frame(lines: Sequence[bytes], *, batch: bool = True) -> bytes:
+def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION) -> bytes:
     """What one ``append_entries`` call of these lines adds to a session file.
 
-    One line is written as it is. Several become one ``batch`` line, so a
-    reader sees all of them or, if the writer died, a torn last line; with
-    ``batch=False`` (a format version 1 file) they are written one per line.
+    ``lines`` are what ``encode_entry`` gave. One line is written as it is.
+    Several become one ``batch`` line (format version 2 on), so a reader sees
+    all of them or, if the writer died, a torn last line; a version 1 file
+    gets them one per line. From version 3 on, a message entry is written in
+    its compact form (``compact_line``).
     """
-    if len(lines) > 1 and batch:
+    if version >= 3:
+        lines = [compact_line(line) for line in lines]
+    if len(lines) > 1 and version >= 2:
         return b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
     return b"".join(line + b"\n" for line in lines)
 
 
+# -- the compact form of a message entry (format version 3) --------------------
+#
+# ``[id, parent_id, timestamp, body]``. ``body`` is the text of a user message
+# that is one text part, a one-element array holding the text of such an
+# assistant message with nothing else set, or the message object as version 2
+# writes it. An entry with an ``origin_id`` keeps its version 2 line. The
+# timestamp stays a string, which msgspec decodes in C: deriving it from the
+# UUIDv7 would save 25 bytes a line but double the cost of a load (see
+# docs/benchmarks.md, "Session file format").
+
+def _body(message: Message) -> str | tuple[str] | Message:
+    content = message.content
+    if len(content) == 1 and type(content[0]) is TextPart:
+        if type(message) is UserMessage:
+            return content[0].text
+        # Compared as bytes: a field equal to its default but not the default
+        # object itself (``usage=Usage()``) is written, so it must stay.
+        if (type(message) is AssistantMessage
+                and _encoder.encode(msgspec.structs.replace(message, content=()))
+                == b'{"role":"assistant"}'):
+            return (content[0].text,)
+    return message
+
+
+def compact_line(line: bytes) -> bytes:
+    """The version 3 line for an ``encode_entry`` line (the line itself if it has none).
+
+    Only a message entry written exactly as this version writes it is
+    compacted: a line read from another program keeps its bytes (S15).
+    """
+    if not line.startswith(b'{"type":"message",'):
+        return line
+    try:
+        entry = _message_decoder.decode(line)
+    except msgspec.DecodeError:
+        return line
+    if entry.origin_id is not None or _encoder.encode(entry) != line:
+        return line
+    return _encoder.encode((entry.id, entry.parent_id, entry.timestamp, _body(entry.message)))
+
+
+def expand_line(line: bytes) -> bytes:
+    """The ``encode_entry`` line a stored line was made from (inverse of ``compact_line``)."""
+    if not line.startswith(b"["):
+        return line
+    try:
+        entry = decode_entry(line)
+    except CorruptLog:
+        return line
+    return _line(entry)
+
+
+def _expand(wire: tuple[Any, ...]) -> tuple[MessageEntry, bool]:
+    """The entry of a compact line, and whether this version writes it so.
+
+    The one spelling a re-encode of the line cannot catch: a message object
+    where this version writes the shorthand.
+    """
+    entry_id, parent_id, timestamp, body = wire
+    canonical = True
+    if type(body) is str:
+        message: Message = UserMessage(content=(TextPart(text=body),))
+    elif type(body) is tuple:
+        message = AssistantMessage(content=(TextPart(text=body[0]),))
+    else:
+        message = body
+        canonical = _body(body) is body
+    entry = MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
+    return entry, canonical
+
+
 def export_lines(entries: Sequence[Entry]) -> bytes:
-    """Entries one per line, as read (no checks, no batch lines): for export."""
-    return frame([_line(entry) for entry in entries], batch=False)
+    """Entries one per line, as a version 3 file holds them (no checks, no batch lines).
+
+    For export: after ``encode_init``'s line, the result reads as a session file.
+    """
+    return b"".join([compact_line(_line(entry)) + b"\n" for entry in entries])
 
 
 def encode_init(record: SessionRecord) -> bytes:
@@ -364,6 +490,12 @@ def _corrupt(detail: str, where: _Where) -> CorruptLog:
 
 def _settle(entry: Any, line: bytes, where: _Where) -> Entry:
     """Finish a decoded entry: check its header, type its custom data, keep odd bytes."""
+    if type(entry) is tuple:
+        wire = entry
+        entry, canonical = _expand(wire)
+        if canonical and _encoder.encode(wire) == line:
+            return entry  # type: ignore[no-any-return]
+        return _verbatim(entry, line)
     if type(entry) is CustomEntry:
         entry = _custom(entry, where)
     if _encoder.encode(entry) == line:
@@ -435,7 +567,10 @@ def decode_body(
         items: list[Any] = _line_decoder.decode_lines(memoryview(data)[start:end])
     except (msgspec.DecodeError, RecursionError):
         return _decode_each(data[start:end], where)
-    entries = _flatten(items, (session_id, path, first_line))
+    try:
+        entries = _flatten(items, (session_id, path, first_line))
+    except (_Recheck, CorruptLog):
+        return _decode_each(data[start:end], where)
     # The common case ends here: every line is exactly what this version
     # writes for what was decoded. Encoding back costs far less than decoding,
     # and it also catches what decode_lines lets by: a blank line, a header
@@ -445,27 +580,91 @@ def decode_body(
     return entries
 
 
+class _Recheck(Exception):
+    """A line the bulk decode cannot settle: decode the lines one by one."""
+
+
 def _flatten(items: list[Any], where: _Where) -> list[Entry]:
-    """The entries of decoded lines, custom data typed (``items`` changed to match)."""
+    """The entries of decoded lines, custom data typed (``items`` changed to match).
+
+    Compact lines stay in ``items`` as read, so that they can be compared
+    with the file; their entries share the previous entry's id string as
+    their parent id where they can (one string, not two, per entry).
+    """
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
-    if _Batch not in kinds and CustomEntry not in kinds:
+    if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
-    session_id, path, first = where
+    if kinds == {tuple}:  # a version 3 file of single appends: the tightest loop
+        return _compact_run(items, None)
     entries: list[Entry] = []
+    session_id, path, first = where
     for i, item in enumerate(items):
-        where = (session_id, path, (first or 1) + i)
-        if type(item) is CustomEntry:
-            items[i] = _custom(item, where)
-        if type(item) is not _Batch:
-            entries.append(items[i])
-            continue
-        batch: list[Any] = item.entries
-        if CustomEntry in set(map(type, batch)):
-            for j, entry in enumerate(batch):
-                if type(entry) is CustomEntry:
-                    batch[j] = _custom(entry, where)
-        entries.extend(batch)
+        if type(item) is tuple:
+            entries.append(_from_compact(item, entries))
+        elif type(item) is _Batch or type(item) is CustomEntry:
+            where = (session_id, path, (first or 1) + i)
+            items[i] = _other(item, entries, where)
+        else:
+            entries.append(item)
     return entries
+
+
+def _compact_run(items: list[tuple[Any, ...]], last: str | None) -> list[Entry]:
+    """``_from_compact`` of every item (``last``: the id before them), inline.
+
+    A call per entry is a fair part of the cost of a load.
+    """
+    entries: list[Entry] = []
+    append = entries.append
+    for entry_id, stored_parent, timestamp, body in items:
+        parent_id = last if stored_parent == last else stored_parent  # one str for both
+        if type(body) is str:
+            message: Message = UserMessage(content=(TextPart(text=body),))
+        elif type(body) is tuple:
+            message = AssistantMessage(content=(TextPart(text=body[0]),))
+        else:
+            message = body
+            if _body(message) is not message:
+                raise _Recheck
+        append(MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp,
+                            message=message))
+        last = entry_id
+    return entries
+
+
+def _from_compact(wire: tuple[Any, ...], before: list[Entry]) -> MessageEntry:
+    entry_id, parent_id, timestamp, body = wire
+    if before and parent_id is not None and parent_id == before[-1].id:
+        parent_id = before[-1].id  # one string object for both
+    if type(body) is str:  # the common cases inline: no call per part
+        message: Message = UserMessage(content=(TextPart(text=body),))
+    elif type(body) is tuple:
+        message = AssistantMessage(content=(TextPart(text=body[0]),))
+    else:
+        message = body
+        if _body(message) is not message:
+            raise _Recheck
+    return MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
+
+
+def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
+    """A batch line's entries, or a custom entry, added to ``entries``; the item as kept."""
+    if type(item) is CustomEntry:
+        item = _custom(item, where)
+        entries.append(item)
+        return item
+    batch: list[Any] = item.entries
+    if set(map(type, batch)) == {tuple}:
+        entries.extend(_compact_run(batch, entries[-1].id if entries else None))
+        return item
+    for j, wire in enumerate(batch):
+        if type(wire) is tuple:
+            entries.append(_from_compact(wire, entries))
+            continue
+        if type(wire) is CustomEntry:
+            batch[j] = _custom(wire, where)
+        entries.append(batch[j])
+    return item
 
 
 def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
@@ -496,6 +695,8 @@ def _decode_each(body: bytes, where: _Where) -> list[Entry]:
 
 
 def _decode_line(line: bytes, where: _Where) -> list[Entry]:
+    if line.startswith(b"["):  # a compact entry (version 3)
+        return [decode_entry(line, session_id=where[0], path=where[1], lineno=where[2])]
     try:
         kind = _type_decoder.decode(line).type
     except msgspec.DecodeError as exc:

@@ -39,7 +39,7 @@ __all__ = [
     "utcnow",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 T = TypeVar("T")
 

@@ -141,6 +141,7 @@ from threadline.session._codec import (
     decode_lines,
     encode_entry,
     encode_init,
+    expand_line,
     format_version,
     frame,
 )
@@ -285,8 +286,8 @@ class _OpenLog(NamedTuple):
     ino: int
     path: Path
     known: _KnownIds
-    batch_lines: bool
-    """Whether a call of several entries is one ``batch`` line (format version 2 on)."""
+    version: int
+    """The file's format version: how ``frame`` writes to it."""
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
@@ -407,10 +408,10 @@ _raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
 def _entries_of_line(line: bytes) -> list[bytes] | None:
     """The bytes of each entry in a stored line, as written; None if it does not decode."""
     try:
-        kind = _line_ids_decoder.decode(line).type
-        if kind != "batch":
-            return [line]
-        return [bytes(raw) for raw in _raw_batch_decoder.decode(line).entries]
+        item = _line_ids_decoder.decode(line)
+        if isinstance(item, tuple) or item.type != "batch":
+            return [expand_line(line)]
+        return [expand_line(bytes(raw)) for raw in _raw_batch_decoder.decode(line).entries]
     except msgspec.DecodeError:  # a damaged line holds no stored copy
         return None
 
@@ -428,8 +429,10 @@ class _EntryId(msgspec.Struct, gc=False):
     id: Any = None
 
 
-_line_ids_decoder = msgspec.json.Decoder(_LineIds)
-_batch_ids_decoder = msgspec.json.Decoder(list[_EntryId])
+# A compact entry (format version 3) is an array that starts with its id.
+_CompactId = tuple[Any, msgspec.Raw, msgspec.Raw, msgspec.Raw]
+_line_ids_decoder = msgspec.json.Decoder(_LineIds | _CompactId)
+_batch_ids_decoder = msgspec.json.Decoder(list[_EntryId | _CompactId])
 
 
 def _ids_in(lines: memoryview) -> list[str]:
@@ -441,11 +444,13 @@ def _ids_in(lines: memoryview) -> list[str]:
         for line in bytes(lines).split(b"\n"):
             with contextlib.suppress(msgspec.DecodeError):
                 items.append(_line_ids_decoder.decode(line))
-    found = [item.id for item in items if item.type != "batch"]
+    found = [item[0] if isinstance(item, tuple) else item.id for item in items
+             if isinstance(item, tuple) or item.type != "batch"]
     for item in items:
-        if item.type == "batch":
+        if not isinstance(item, tuple) and item.type == "batch":
             with contextlib.suppress(msgspec.DecodeError):  # damaged: no ids to clash with
-                found.extend(e.id for e in _batch_ids_decoder.decode(item.entries))
+                found.extend(e[0] if isinstance(e, tuple) else e.id
+                             for e in _batch_ids_decoder.decode(item.entries))
     return [i for i in found if isinstance(i, str)]
 
 
@@ -833,9 +838,9 @@ class FileStore:
             # Unlocked: line 1 is complete from creation and never rewritten.
             head = _read_head(fd)
             self._check_record(head, session_id, path)
-            # A version 1 reader cannot read batch lines, so a file created
-            # at version 1 keeps one line per entry.
-            batch_lines = format_version(head[:head.find(b"\n")]) >= 2
+            # An older reader cannot read what a newer format adds, so a file
+            # keeps the version it was created with.
+            version = format_version(head[:head.find(b"\n")])
         except BaseException:
             os.close(fd)
             raise
@@ -849,7 +854,7 @@ class FileStore:
             else:  # a load's ids, indexed only now that an append needs them
                 known.ids = dict.fromkeys(kept[0], _UNPLACED)
                 known.size = kept[1]
-        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, batch_lines)
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, version)
 
     def _write(self, session_id: str, log: _OpenLog | None,
                batches: Sequence[_Batch] | Callable[[_OpenLog, int], Sequence[_Batch]],
@@ -915,7 +920,7 @@ class FileStore:
         admitted: list[bytes] = []
         pending = 0
         for batch in batches:
-            data = frame(batch.lines, batch=log.batch_lines)
+            data = frame(batch.lines, version=log.version)
             if known.ids.keys().isdisjoint(batch.ids):
                 known.add(batch.ids, data, base + pending)
                 admitted.append(data)
