@@ -42,7 +42,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
@@ -201,68 +209,68 @@ class AgentLoop:
         open calls. A call the gate pauses gets no result; the run ends after
         that turn with ``AgentEnd.awaiting_approval`` naming it.
         """
-        return self._run(context, input, abort or self.options.abort, gate, resume)
+        return self._run(context, input, _AbortSignal(abort or self.options.abort), gate, resume)
 
     async def _run(
-        self, context: Sequence[Message], input: Sequence[Message], abort: asyncio.Event | None,
+        self, context: Sequence[Message], input: Sequence[Message], signal: _AbortSignal,
         gate: ToolGate | None, resume: ResumeTurn | None,
     ) -> AsyncIterator[AgentEvent]:
+        try:
+            abort = signal.abort
+            options = self._options(abort)
+            info = self.model.info
+            history = list(context)
+            produced: list[Message] = []
+            error: BaseException | None = None
+            yield AgentStart()
+            for event in _taken_in(input, history, produced):
+                yield event
+            turn = 0
+            paused: list[str] = []
+            while True:
+                if _is_set(abort):
+                    error = asyncio.CancelledError("run aborted")
+                    break
+                turn += 1
+                yield TurnStart(turn)
+                if resume is not None:
+                    final, calls = resume.message, tuple(resume.calls)
+                    resume = None
+                else:
+                    yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
+                    reply = _Reply()
+                    async with aclosing(self._reply(history, options, abort, reply)) as updates:
+                        async for update in updates:
+                            yield update
+                    final, error = reply.message, reply.error
+                    history.append(final)
+                    produced.append(final)
+                    yield MessageEnd(final)
+                    calls = final.tool_calls
+                outcome = _ToolOutcome(calls)
+                if calls and error is None and not _is_set(abort):
+                    async with aclosing(self._run_tools(outcome, signal, gate)) as tool_events:
+                        async for tool_event in tool_events:
+                            yield tool_event
+                done = outcome.answered()
+                paused.extend(outcome.paused())
+                for event in _taken_in(done, history, produced):
+                    yield event
+                yield TurnEnd(turn, final, done)
+                if error is not None or not calls or paused:
+                    break
+                if self.max_turns is not None and turn >= self.max_turns and not _is_set(abort):
+                    error = AgentError(
+                        f"stopped after max_turns={self.max_turns}: the model still asked for tools"
+                    )
+                    break
+            yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
+        finally:
+            await signal.close()  # the run is over: stop watching abort
+
+    def _options(self, abort: asyncio.Event | None) -> StreamOptions:
         options = self.options
-        if options.abort is not abort:
-            options = dataclasses.replace(options, abort=abort)
-        info = self.model.info
-        history = list(context)
-        produced: list[Message] = []
-        error: BaseException | None = None
-        yield AgentStart()
-        for message in input:
-            history.append(message)
-            produced.append(message)
-            yield MessageStart(message)
-            yield MessageEnd(message)
-        turn = 0
-        paused: list[str] = []
-        while True:
-            if _is_set(abort):
-                error = asyncio.CancelledError("run aborted")
-                break
-            turn += 1
-            yield TurnStart(turn)
-            if resume is not None:
-                final, calls = resume.message, tuple(resume.calls)
-                resume = None
-            else:
-                yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
-                reply = _Reply()
-                async with aclosing(self._reply(history, options, abort, reply)) as updates:
-                    async for update in updates:
-                        yield update
-                final, error = reply.message, reply.error
-                history.append(final)
-                produced.append(final)
-                yield MessageEnd(final)
-                calls = final.tool_calls
-            outcome = _ToolOutcome(calls)
-            if calls and error is None and not _is_set(abort):
-                async with aclosing(self._run_tools(outcome, abort, gate)) as tool_events:
-                    async for tool_event in tool_events:
-                        yield tool_event
-            done = outcome.answered()
-            paused.extend(outcome.paused())
-            for result in done:
-                history.append(result)
-                produced.append(result)
-                yield MessageStart(result)
-                yield MessageEnd(result)
-            yield TurnEnd(turn, final, done)
-            if error is not None or not calls or paused:
-                break
-            if self.max_turns is not None and turn >= self.max_turns and not _is_set(abort):
-                error = AgentError(
-                    f"stopped after max_turns={self.max_turns}: the model still asked for tools"
-                )
-                break
-        yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
+        return options if options.abort is abort else dataclasses.replace(options, abort=abort)
 
     async def _reply(
         self, history: list[Message], options: StreamOptions, abort: asyncio.Event | None,
@@ -299,7 +307,7 @@ class AgentLoop:
         reply.message = _failed(info.id, info.provider, text)
 
     async def _run_tools(
-        self, outcome: _ToolOutcome, abort: asyncio.Event | None, gate: ToolGate | None = None,
+        self, outcome: _ToolOutcome, signal: _AbortSignal, gate: ToolGate | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
         """Execute ``outcome.calls``, filling ``outcome``; a call left at None was aborted.
 
@@ -307,13 +315,14 @@ class AgentLoop:
         calls it pauses are added to ``outcome.held`` and left at None.
         """
         calls, results = outcome.calls, outcome.results
+        abort = signal.abort
         admitted = [True] * len(calls) if gate is None else await self._admit_all(gate, outcome)
         # Tool tasks report through one queue: an update, the index of a call that
         # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
         # a TaskGroup would cancel the consumer's task, which runs this generator.
         queue: asyncio.Queue[ToolExecutionUpdate | int | None] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[ToolResultMessage]] = {}
-        watcher = _watch_abort(abort, queue)
+        unwatch = signal.subscribe(lambda: queue.put_nowait(None))
         launched = finished = 0
         try:
             while finished < len(calls):
@@ -345,7 +354,8 @@ class AgentLoop:
                 finished += 1
                 yield ToolExecutionEnd(result.tool_call_id, result.tool_name, result)
         finally:
-            await _cancel_and_wait(tasks, watcher)
+            unwatch()
+            await _cancel_and_wait(tasks)
         # Only reached when abort fired: close every started call.
         for index, task in sorted(tasks.items()):
             results[index] = ended = _ended(task, calls[index])
@@ -435,31 +445,67 @@ class AgentLoop:
         )
 
 
+def _taken_in(messages: Iterable[Message], history: list[Message],
+              produced: list[Message]) -> Iterator[AgentEvent]:
+    """The start and end events of messages the run adds as they are (input, results)."""
+    for message in messages:
+        history.append(message)
+        produced.append(message)
+        yield MessageStart(message)
+        yield MessageEnd(message)
+
+
 def _is_set(abort: asyncio.Event | None) -> bool:
     return abort is not None and abort.is_set()
 
 
-def _watch_abort(
-    abort: asyncio.Event | None, queue: asyncio.Queue[ToolExecutionUpdate | int | None]
-) -> asyncio.Future[Any] | None:
-    """A future that puts None on ``queue`` once ``abort`` fires (None without ``abort``)."""
-    if abort is None:
-        return None
-    watcher = asyncio.ensure_future(abort.wait())
-    watcher.add_done_callback(lambda _: queue.put_nowait(None))
-    return watcher
+class _AbortSignal:
+    """Tells a run's tool phases when ``abort`` fires.
+
+    Waiting for an ``asyncio.Event`` takes a task. One per run, shared by its
+    tool phases through done-callbacks, instead of one per phase: starting,
+    cancelling and awaiting a task per turn cost more than the turn itself.
+    """
+
+    __slots__ = ("_watcher", "abort")
+
+    def __init__(self, abort: asyncio.Event | None) -> None:
+        self.abort = abort
+        self._watcher: asyncio.Future[Any] | None = None
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once ``abort`` fires (at once if it has); returns the undo."""
+        if self.abort is None:
+            return _nothing
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self.abort.wait())
+        watcher = self._watcher
+
+        def fired(_: asyncio.Future[Any]) -> None:
+            callback()
+
+        def undo() -> None:
+            watcher.remove_done_callback(fired)
+
+        watcher.add_done_callback(fired)
+        return undo
+
+    async def close(self) -> None:
+        watcher = self._watcher
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            await asyncio.wait((watcher,))  # leave no task behind the run
 
 
-async def _cancel_and_wait(
-    tasks: dict[int, asyncio.Task[ToolResultMessage]], watcher: asyncio.Future[Any] | None
-) -> None:
-    """Cancel the tool tasks still running (and the abort watcher), then await them all."""
+def _nothing() -> None:
+    return None
+
+
+async def _cancel_and_wait(tasks: dict[int, asyncio.Task[ToolResultMessage]]) -> None:
+    """Cancel the tool tasks still running, then await them all."""
     for task in tasks.values():
         task.cancel()
-    if watcher is not None:
-        watcher.cancel()
-        await asyncio.wait((watcher, *tasks.values()))
-    elif tasks:
+    if tasks:
         await asyncio.wait(tasks.values())
 
 

@@ -12,8 +12,8 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from types import TracebackType
-from typing import Any, TypeAlias
+from types import AsyncGeneratorType, TracebackType
+from typing import Any, TypeAlias, cast
 
 import msgspec
 
@@ -23,6 +23,7 @@ from threadline.agent._loop import AgentLoop
 from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 from threadline.ai._model import LanguageModel
 from threadline.durable import _effects as effects
+from threadline.durable._channel import EMPTY, Channel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable._events import (
     LifecycleEvent,
@@ -625,6 +626,7 @@ class DurableAgent:
                 # leaves (break, aclose, cancellation) the loop only ever sees
                 # the abort signal, winds down, and its tail gets stored.
                 pump = _Pump(self, factory, context, input, input_entries, resume=turn)
+                _set_channel(owner, pump.channel)
                 try:
                     while True:
                         item = await pump.next()
@@ -632,6 +634,7 @@ class DurableAgent:
                             break
                         yield item
                 finally:
+                    _set_channel(owner, None)
                     await pump.detach()
             finally:
                 self._run_task = self._run_owner = None
@@ -691,16 +694,13 @@ class _Pump:
         self._resume = resume
         self._ledger: effects.Ledger | None = None
         self._abort = asyncio.Event()
-        self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=_QUEUE_SIZE)
+        self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
         self._pending_input = list(input_entries)
         self._detached = False
         self._task = asyncio.create_task(self._main(factory, context, input))
 
     async def next(self) -> RunEvent | None:
-        item = await self._queue.get()
-        if isinstance(item, _Failure):
-            raise item.error
-        return item
+        return await self.channel.get()
 
     async def detach(self) -> None:
         """The consumer is done: abort the loop if it still runs and wait for its tail."""
@@ -708,8 +708,7 @@ class _Pump:
             return
         self._detached = True
         self._abort.set()
-        while not self._queue.empty():  # unblock a put waiting for the consumer
-            self._queue.get_nowait()
+        self.channel.clear()  # unblock a producer waiting for the consumer
         # Keep the session until the tail is stored, even through repeated
         # cancellation: releasing it early would let the next mutation
         # interleave with the tail.
@@ -722,47 +721,52 @@ class _Pump:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:  # noqa: PLR0912  one branch over; left whole while the durable merges land
+    def _events(self, factory: Factory, context: list[Message],
+                input: list[Message]) -> AsyncIterator[AgentEvent]:
+        loop = factory()
+        if isinstance(loop, AgentLoop):
+            self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
+            return loop.run(context, input, abort=self._abort, gate=self._ledger,
+                            resume=self._resume)
+        if self._resume is not None:
+            raise AgentError(
+                f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
+                f"tools itself (durable.model); {type(loop).__name__} cannot finish "
+                "the calls left open"
+            )
+        return loop.run(context, input, abort=self._abort)
+
+    async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
         events: AsyncIterator[AgentEvent] | None = None
+        channel = self.channel
         try:
-            loop = factory()
-            if isinstance(loop, AgentLoop):
-                self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
-                events = loop.run(context, input, abort=self._abort, gate=self._ledger,
-                                  resume=self._resume)
-            elif self._resume is not None:
-                raise AgentError(
-                    f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
-                    f"tools itself (durable.model); {type(loop).__name__} cannot finish "
-                    "the calls left open"
-                )
-            else:
-                events = loop.run(context, input, abort=self._abort)
+            events = self._events(factory, context, input)
+            ledger = self._ledger
             async for event in events:
-                notices = self._ledger.drain() if self._ledger is not None else []
-                stored = await self._store(event)
-                if self._ledger is not None:
-                    notices.extend(self._ledger.drain())
-                if not self._detached:
-                    await self._queue.put(stored)
-                    for notice in notices:
-                        await self._queue.put(notice)
-            if not self._detached:
-                await self._queue.put(None)
+                if isinstance(event, MessageEnd):
+                    item: RunEvent = await self._store(event)
+                else:
+                    item = event
+                if self._detached:
+                    continue
+                channel.put(item)
+                if ledger is not None and ledger.has_notices():
+                    for notice in ledger.drain():
+                        channel.put(notice)
+                if channel.full():
+                    await channel.room()
+            channel.close()
         except Exception as exc:
             if self._detached:
                 log.exception(
                     "session %s: storing an aborted run's tail failed; crash repair will "
                     "answer its open tool calls on next open", self._agent.session_id)
-            else:
-                await self._queue.put(_Failure(exc))
+            channel.close(exc)
         finally:
             if events is not None:
                 await _aclose(events)
 
-    async def _store(self, event: AgentEvent) -> RunEvent:
-        if not isinstance(event, MessageEnd):
-            return event
+    async def _store(self, event: MessageEnd) -> StoredMessageEnd:
         pending = self._pending_input
         if pending and _same_input(pending[0], event.message):
             written = [pending.pop(0)]
@@ -777,13 +781,6 @@ class _Pump:
         return StoredMessageEnd(message=event.message, entries=tuple(written))
 
 
-class _Failure:
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
 class Run:
     """The event stream of one durable run.
 
@@ -792,17 +789,27 @@ class Run:
     even if you stop early.
     """
 
-    __slots__ = ("__weakref__", "_gen")
+    __slots__ = ("__weakref__", "_channel", "_gen")
 
     def __init__(
         self, start: Callable[[weakref.ref[Run]], AsyncGenerator[RunEvent, None]]
     ) -> None:
-        self._gen = start(weakref.ref(self))
+        self._gen = cast("AsyncGeneratorType[RunEvent, None]", start(weakref.ref(self)))
+        self._channel: Channel[RunEvent] | None = None
+        """The pump's channel while the run forwards its events."""
 
     def __aiter__(self) -> Run:
         return self
 
     async def __anext__(self) -> RunEvent:
+        # Events the pump has already stored and buffered are handed over
+        # here, without resuming the generator. Its own path (waiting, the
+        # end, an error, a second consumer) is taken once the buffer is empty.
+        channel = self._channel
+        if channel is not None and not self._gen.ag_running:
+            item = channel.take()
+            if item is not EMPTY:
+                return item  # type: ignore[return-value]
         return await self._gen.__anext__()
 
     async def aclose(self) -> None:
@@ -820,6 +827,14 @@ class Run:
     async def collect(self) -> list[RunEvent]:
         """Consume the whole run and return its events."""
         return [event async for event in self]
+
+
+def _set_channel(owner: weakref.ref[Run], channel: Channel[RunEvent] | None) -> None:
+    # Through the weak reference only: a run left with break must stay
+    # collectable, which is what closes it.
+    run = owner()
+    if run is not None:
+        run._channel = channel
 
 
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage)

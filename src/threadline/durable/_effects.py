@@ -486,6 +486,9 @@ class Ledger:
         self._notices: list[RunEvent] = []
         self._lock = asyncio.Lock()
 
+    def has_notices(self) -> bool:
+        return bool(self._notices)
+
     def drain(self) -> list[RunEvent]:
         out, self._notices = self._notices, []
         return out
