@@ -549,7 +549,7 @@ class DurableAgent:
         if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
             batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
         else:
-            batch = stored_form(batch, session_id=self._session_id)
+            batch = _held_copies(batch, self._session_id)
         if not shielded:
             await append_retrying(self._store, self._session_id, batch)
             self._add(batch)
@@ -749,11 +749,11 @@ class _Pump:
                     item = event
                 if self._detached:
                     continue
-                channel.put(item)
-                if ledger is not None and ledger.has_notices():
+                full = channel.put(item)
+                if ledger is not None and ledger.notices:
                     for notice in ledger.drain():
-                        channel.put(notice)
-                if channel.full():
+                        full = channel.put(notice)
+                if full:
                     await channel.room()
             channel.close()
         except Exception as exc:
@@ -867,6 +867,32 @@ def _chained(items: Sequence[Message | Entry], parent: str | None) -> list[Entry
         batch.append(entry)
         parent = entry.id
     return batch
+
+
+_copy_encoder = msgspec.msgpack.Encoder()
+_message_copier = msgspec.msgpack.Decoder(MessageEntry)
+
+
+def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
+    """Copies of ``batch`` for the agent to hold and the store to check (S16).
+
+    A run appends one message entry per message; a typed MessagePack round
+    trip copies one in a third of ``stored_form``'s time (which encodes,
+    decodes and re-encodes to check it). The copy is used only if it equals
+    the entry, so nothing the round trip would change slips through: the
+    store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
+    Anything else goes through ``stored_form``.
+    """
+    if all(type(entry) is MessageEntry for entry in batch):
+        try:
+            copies: list[Entry] = [_message_copier.decode(_copy_encoder.encode(entry))
+                                   for entry in batch]
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
+            pass  # stored_form names the problem
+        else:
+            if copies == batch:
+                return copies
+    return stored_form(batch, session_id=session_id)
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

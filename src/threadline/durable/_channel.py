@@ -36,13 +36,13 @@ class Channel(Generic[T]):
         self._end = False
         self._error: BaseException | None = None
 
-    def put(self, item: T) -> None:
-        """Buffer ``item``; the producer awaits ``room()`` when ``full()``."""
-        self._items.append(item)
-        self._wake_getter()
-
-    def full(self) -> bool:
-        return len(self._items) >= self._limit
+    def put(self, item: T) -> bool:
+        """Buffer ``item``; True when full (the producer then awaits ``room()``)."""
+        items = self._items
+        items.append(item)
+        if self._getter is not None:
+            self._wake_getter()
+        return len(items) >= self._limit
 
     async def room(self) -> None:
         """Wait until the consumer has taken enough for ``put`` to be allowed again."""
@@ -61,12 +61,12 @@ class Channel(Generic[T]):
 
     def take(self) -> T | object:
         """The next buffered item, or ``EMPTY``; never waits."""
-        if not self._items:
+        items = self._items
+        if not items:
             return EMPTY
-        item = self._items.popleft()
-        putter = self._putter
-        if putter is not None and len(self._items) < self._limit and not putter.done():
-            putter.set_result(None)
+        item = items.popleft()
+        if self._putter is not None and len(items) < self._limit:
+            self._wake_putter()
         return item
 
     async def get(self) -> T | None:
@@ -86,6 +86,9 @@ class Channel(Generic[T]):
     def clear(self) -> None:
         """Drop what is buffered and let a waiting producer go on (the consumer left)."""
         self._items.clear()
+        self._wake_putter()
+
+    def _wake_putter(self) -> None:
         putter = self._putter
         if putter is not None and not putter.done():
             putter.set_result(None)

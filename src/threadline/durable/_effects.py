@@ -260,36 +260,47 @@ class _Index:
             self.decisions.setdefault(decision.request_id, entry)  # first in log order wins
 
 
+class _Tables:
+    """What the turn's entries say, read once for all of its calls."""
+
+    __slots__ = ("keys", "requests", "results", "tracked")
+
+    def __init__(self, turn: _Turn) -> None:
+        self.results = turn.results()
+        self.tracked = turn.tracked()
+        self.requests = turn.requests()
+        self.keys = turn.keys()
+
+
 def _states(session_id: str, turn: _Turn, index: _Index) -> list[CallState]:
-    results = turn.results()
-    tracked = turn.tracked()
-    requests = turn.requests()
-    keys = turn.keys()
-    out: list[CallState] = []
-    for call in turn.message.tool_calls:
-        key = keys.get(call.id) or idempotency_key(
-            turn.assistant.origin_id or turn.assistant.id, call.id)
-        request = requests.get(call.id)
-        decision = None
-        if request is not None:
-            # A fork's copy of a decision still names the request it copied.
-            decision = index.decisions.get(request.id) or (
-                index.decisions.get(request.origin_id) if request.origin_id else None)
-        attempts = index.started.get(key, 0)
-        status: Status
-        if call.id in results:
-            status = "answered"
-        elif request is not None and decision is None:
-            status = "awaiting_approval"
-        elif decision is not None and not decision.data.approved:
-            status = "denied"
-        elif attempts:
-            status = "in_doubt"
-        else:
-            status = "never_started"
-        out.append(CallState(call, status, key, call.id in tracked or request is not None,
-                             attempts, request, decision))
-    return out
+    tables = _Tables(turn)
+    return [_call_state(turn, call, index, tables) for call in turn.message.tool_calls]
+
+
+def _call_state(turn: _Turn, call: ToolCall, index: _Index, tables: _Tables) -> CallState:
+    results, tracked, requests = tables.results, tables.tracked, tables.requests
+    key = tables.keys.get(call.id) or idempotency_key(
+        turn.assistant.origin_id or turn.assistant.id, call.id)
+    request = requests.get(call.id)
+    decision = None
+    if request is not None:
+        # A fork's copy of a decision still names the request it copied.
+        decision = index.decisions.get(request.id) or (
+            index.decisions.get(request.origin_id) if request.origin_id else None)
+    attempts = index.started.get(key, 0)
+    status: Status
+    if call.id in results:
+        status = "answered"
+    elif request is not None and decision is None:
+        status = "awaiting_approval"
+    elif decision is not None and not decision.data.approved:
+        status = "denied"
+    elif attempts:
+        status = "in_doubt"
+    else:
+        status = "never_started"
+    return CallState(call, status, key, call.id in tracked or request is not None,
+                     attempts, request, decision)
 
 
 def call_states(agent: DurableAgent) -> list[CallState]:
@@ -298,6 +309,9 @@ def call_states(agent: DurableAgent) -> list[CallState]:
     if turn is None or turn.message.stop_reason in ("error", "aborted"):
         return []
     return _states(agent.session_id, turn, _index_for(agent.tree, turn))
+
+
+_NO_INDEX = _Index(())
 
 
 def _index_for(tree: TreeView, turn: _Turn) -> _Index:
@@ -483,14 +497,12 @@ class Ledger:
         self._tools = tools
         self._rule = rule
         self._index: _Index | None = None
-        self._notices: list[RunEvent] = []
+        self.notices: list[RunEvent] = []
+        """Events for the run to forward after the one in progress (``drain``)."""
         self._lock = asyncio.Lock()
 
-    def has_notices(self) -> bool:
-        return bool(self._notices)
-
     def drain(self) -> list[RunEvent]:
-        out, self._notices = self._notices, []
+        out, self.notices = self.notices, []
         return out
 
     async def records_for(self, message: Message) -> list[Entry]:
@@ -503,7 +515,7 @@ class Ledger:
         requests: list[Entry] = []
         for call in message.tool_calls:
             tool = self._tools.get(call.name)
-            if tool is None:
+            if tool is None or self._never_tracked(tool):
                 continue
             try:
                 kwargs = tool.validate(call.arguments)
@@ -520,12 +532,17 @@ class Ledger:
             return []
         return [CustomEntry(kind=TOOL_PLAN, data=ToolPlan(calls=tuple(tracked))), *requests]
 
+    def _never_tracked(self, tool: Tool) -> bool:
+        """No side effects and no approval rule: no record, whatever its arguments."""
+        return (self._rule is None and not tool.side_effects and not callable(tool.approval)
+                and not tool.approval)
+
     def stored(self, entries: Sequence[Entry]) -> None:
         for entry in entries:
             request = _record(entry, APPROVAL_REQUESTED)
             if request is not None:
                 assert isinstance(entry, CustomEntry)
-                self._notices.append(ApprovalRequested(
+                self.notices.append(ApprovalRequested(
                     session_id=self._agent.session_id, call_id=request.call_id,
                     tool_name=request.tool_name, arguments=dict(request.arguments),
                     reason=request.reason, entry=entry))
@@ -553,15 +570,29 @@ class Ledger:
         turn = _tip(self._agent.tree)
         if turn is None:
             return None
-        if self._index is None and (turn.tracked() or turn.requests()):
+        made = next((c for c in turn.message.tool_calls if c.id == call.id), None)
+        if made is None:
+            return None
+        tables = _Tables(turn)
+        if self._index is None and (tables.tracked or tables.requests):
             self._index = _Index(self._agent.tree)
-        for state in _states(self._agent.session_id, turn, self._index or _Index(())):
-            if state.call.id == call.id:
-                return state
-        return None
+        return _call_state(turn, made, self._index or _NO_INDEX, tables)
+
+    def _untracked(self, call: ToolCall) -> _Turn | None:
+        """The turn at the leaf if it has no plan or request naming ``call``.
+
+        Such a call just runs, unrecorded: the ledger need not classify it
+        (most calls), only give it its key.
+        """
+        turn = _tip(self._agent.tree)
+        if turn is None or call.id in turn.tracked() or call.id in turn.requests():
+            return None
+        return turn
 
     async def admit(self, call: ToolCall, tool: Tool,
                     arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
+        if self._untracked(call) is not None:
+            return None
         state = self._state(call)
         if state is None or not state.tracked:
             return None
@@ -604,13 +635,22 @@ class Ledger:
                                  details=details, synthesized="interrupted")
 
     def _notice(self, state: CallState, outcome: Any) -> None:
-        self._notices.append(ToolCallInDoubt(
+        self.notices.append(ToolCallInDoubt(
             session_id=self._agent.session_id, call_id=state.call.id,
             tool_name=state.call.name, idempotency_key=state.idempotency_key, outcome=outcome))
 
     async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
-        state = self._state(call)
         sid = self._agent.session_id
+        turn = self._untracked(call)
+        if turn is not None and self._index is None and any(
+                c.id == call.id for c in turn.message.tool_calls):
+            # Nothing is recorded for it, and no started record can name its key.
+            assistant = turn.assistant
+            key = turn.keys().get(call.id) or idempotency_key(
+                assistant.origin_id or assistant.id, call.id)
+            return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=key,
+                               session_id=sid, attempt=1)
+        state = self._state(call)
         if state is None:
             return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id,
                                session_id=sid)
