@@ -24,6 +24,12 @@ sees the same disk at the same moment, so the ratio holds even when the
 disk's sync latency swings. The promise is one durable append per tool call
 and nothing more, so the ratio should be close to 1.
 
+Where the time goes: the memory run again with its parts switched off one at
+a time from the bottom up (a store that keeps nothing, no ledger, no copies,
+no append at all), all measured in CPU time (``time.thread_time``, which other
+jobs on a shared machine disturb far less than wall time), median of the
+repetitions. The steps between them are the per-message cost of each part.
+
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
 bare + floor. Repetitions are interleaved so load from other jobs hits every
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -49,12 +56,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from threadline import durable
 from threadline.agent import AgentLoop
-from threadline.ai import ToolResult, UserMessage, tool
+from threadline.ai import ToolContext, ToolResult, UserMessage, tool
+from threadline.durable import _agent as agent_module
+from threadline.durable import _effects as effects_module
 from threadline.session import (
     CustomEntry,
     Entry,
@@ -168,6 +178,123 @@ class PairedStarted:
         os.close(self.fd)
 
 
+# -- the breakdown ----------------------------------------------------------------
+
+
+class KeepNothing(MemoryStore):
+    """A store whose append accepts and keeps nothing: the store's own cost taken out."""
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        return None
+
+
+async def _admit(self: Any, call: Any, tool: Any, arguments: Any) -> None:
+    return None
+
+
+async def _begin(self: Any, call: Any, tool: Any) -> ToolContext:
+    return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id)
+
+
+async def _no_records(self: Any, message: Any) -> list[Entry]:
+    return []
+
+
+async def _receipt_only(self: Any, event: Any) -> Any:
+    return durable.StoredMessageEnd(message=event.message, entries=())
+
+
+def _no_copies(batch: list[Entry], session_id: str) -> list[Entry]:
+    return batch
+
+
+@contextlib.contextmanager
+def _without(*parts: str) -> Iterator[None]:
+    """Switch parts of the durable run off (for the breakdown only)."""
+    patches: list[tuple[Any, str, Any]] = []
+    if "append" in parts:
+        patches.append((agent_module._Pump, "_store", _receipt_only))
+    if "copies" in parts:
+        patches.append((agent_module, "_held_copies", _no_copies))
+    if "ledger" in parts:
+        patches += [(effects_module.Ledger, "admit", _admit),
+                    (effects_module.Ledger, "begin", _begin),
+                    (effects_module.Ledger, "records_for", _no_records)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+# (label, parts switched off, store); each step adds one part back.
+BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
+    ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
+    ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
+    ("effect ledger (untracked calls)", ("copies",), KeepNothing),
+    ("held copies (S41)", (), KeepNothing),
+    ("memory store append (its S16 check)", (), MemoryStore),
+]
+
+
+async def cpu_bare() -> float:
+    loop = make_loop()
+    t = time.thread_time()
+    async for _ in loop.run([], [INPUT]):
+        pass
+    return time.thread_time() - t
+
+
+async def cpu_durable(store: Store) -> float:
+    agent = await durable.open(make_loop, store=store)
+    t = time.thread_time()
+    async for _ in agent.run(INPUT):
+        pass
+    return time.thread_time() - t
+
+
+async def breakdown(reps: int) -> dict[str, Any]:
+    """CPU time per message of each part of a durable memory run, and the two ratios."""
+    cpu: dict[str, list[float]] = {"bare": []}
+    cpu.update({label: [] for label, _, _ in BREAKDOWN_STEPS})
+    for _ in range(reps):
+        gc.collect()
+        cpu["bare"].append(await cpu_bare())
+        for label, off, make_store in BREAKDOWN_STEPS:
+            gc.collect()
+            with _without(*off):
+                cpu[label].append(await cpu_durable(make_store()))
+    medians = {k: statistics.median(v) for k, v in cpu.items()}
+    steps: dict[str, float] = {}
+    before = medians["bare"]
+    for label, _, _ in BREAKDOWN_STEPS:
+        steps[label] = (medians[label] - before) / MESSAGES * 1e6
+        before = medians[label]
+    full = BREAKDOWN_STEPS[-1][0]
+    return {
+        "bare_us_per_message": medians["bare"] / MESSAGES * 1e6,
+        "durable_memory_us_per_message": medians[full] / MESSAGES * 1e6,
+        "steps_us_per_message": steps,
+        CPU_KEY: statistics.median(
+            d / b for d, b in zip(cpu[full], cpu["bare"], strict=True)),
+    }
+
+
+CPU_KEY = "durable_memory / bare (cpu, median of paired)"
+
+
+def print_breakdown(parts: dict[str, Any], reps: int) -> None:
+    print(f"\nwhere a durable memory run's time goes (CPU time, median of {reps}; per message)")
+    print(f"{'bare loop':<48} {parts['bare_us_per_message']:>6.1f} µs")
+    for name, value in parts["steps_us_per_message"].items():
+        print(f"{'+ ' + name:<48} {value:>6.1f} µs")
+    print(f"{'= durable run, memory store':<48} {parts['durable_memory_us_per_message']:>6.1f} µs")
+    print(f"{CPU_KEY:<48} {parts[CPU_KEY]:>6.2f}x")
+
+
 def floor(lines: list[bytes], path: Path) -> float:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
     try:
@@ -180,12 +307,8 @@ def floor(lines: list[bytes], path: Path) -> float:
         os.close(fd)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    reps = 3 if args.quick else 7
-
+async def measure(reps: int) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """Every variant's wall time per repetition, interleaved, and the started-record pairs."""
     # The floor writes exactly the bytes the file store writes for this run.
     sample = await durable.open(make_loop, store=MemoryStore())
     await sample.run(INPUT).collect()
@@ -221,6 +344,18 @@ async def main() -> None:
                 gc.collect()
                 times[name].append(await fn())
             times["floor_fsync"].append(floor(lines, root / "floor.jsonl"))
+
+    return times, paired_started
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    reps = 3 if args.quick else 7
+    breakdown_reps = max(reps, 5) * 3
+
+    times, paired_started = await measure(reps)
 
     best = {k: min(v) for k, v in times.items()}
     per_msg_us = {k: v / MESSAGES * 1e6 for k, v in best.items()}
@@ -269,6 +404,9 @@ async def main() -> None:
         unit = "µs/message" if name.startswith("durable") else "µs/call"
         print(f"{name:<48} {value:>6.1f} {unit}")
 
+    parts = await breakdown(breakdown_reps)
+    print_breakdown(parts, breakdown_reps)
+
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "python": sys.version.split()[0],
@@ -281,6 +419,13 @@ async def main() -> None:
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "median_paired_ratios": {k: round(v, 3) for k, v in paired_ratios.items()},
         "overhead_us_per_message": {k: round(v, 2) for k, v in overhead_us.items()},
+        "cpu_breakdown": {
+            "bare_us_per_message": round(parts["bare_us_per_message"], 2),
+            "durable_memory_us_per_message": round(parts["durable_memory_us_per_message"], 2),
+            "steps_us_per_message": {k: round(v, 2)
+                                     for k, v in parts["steps_us_per_message"].items()},
+            CPU_KEY: round(parts[CPU_KEY], 3),
+        },
         "all_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()},
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")

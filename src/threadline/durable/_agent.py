@@ -774,7 +774,10 @@ class _Pump:
             # The pump task is never cancelled (detach shields it), so the
             # cancellation-safe path and its extra task are not needed here.
             ledger = self._ledger
-            records = await ledger.records_for(event.message) if ledger is not None else []
+            message = event.message
+            records = (await ledger.records_for(message)
+                       if ledger is not None and isinstance(message, AssistantMessage)
+                       and message.tool_calls else [])
             written = await self._agent._append([event.message, *records], shielded=False)
             if ledger is not None and records:
                 ledger.stored(written)
