@@ -24,7 +24,7 @@ from threadline import durable
 from threadline.agent import AgentLoop
 from threadline.agent._events import AgentEvent, MessageEnd
 from threadline.ai import ToolResult, tool
-from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.ai._messages import AssistantMessage, TextPart, ToolResultMessage, UserMessage
 from threadline.ai._model import LanguageModel, ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.durable._agent import _QUEUE_SIZE
@@ -251,3 +251,29 @@ def _model_check(model: LanguageModel) -> None:
 
 
 _model_check(Counted(ScriptedModel([])))
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda: (TextPart(text=["not", "a", "string"]),), id="list-in-a-text-part"),
+    pytest.param(lambda: [TextPart(text="a list, not a tuple")], id="content-list"),
+    pytest.param(lambda: (TextPart(text="\ud800"),), id="lone-surrogate"),
+])
+async def test_s41_a_message_with_nothing_free_form_is_still_checked_before_it_is_held(
+    store: Store, content: Any,
+) -> None:
+    # A result without details holds nothing mutable, so the agent keeps the
+    # entry itself rather than a copy; the store's check still stands between
+    # a wrongly typed value and the log.
+    @tool
+    async def odd() -> ToolResult:
+        """Return content that is not what its types say."""
+        return ToolResult(content=content())
+
+    script = [Turn(Text("checking"), Call("odd", {})), Turn.text("never")]
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(script), [odd]), store=store)
+    with pytest.raises(InvalidEntry):
+        await agent.run("go").collect()
+    stored = await store.load_entries(agent.session_id)
+    assert stored == agent.entries
+    assert not any(isinstance(e, MessageEntry) and isinstance(e.message, ToolResultMessage)
+                   for e in stored)

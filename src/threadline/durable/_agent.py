@@ -20,7 +20,13 @@ import msgspec
 from threadline.agent._events import AgentEvent, MessageEnd
 from threadline.agent._gate import ResumeTurn
 from threadline.agent._loop import AgentLoop
-from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from threadline.ai._messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from threadline.ai._model import LanguageModel
 from threadline.durable import _effects as effects
 from threadline.durable._channel import EMPTY, Channel
@@ -877,15 +883,18 @@ _message_copier = msgspec.msgpack.Decoder(MessageEntry)
 
 
 def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
-    """Copies of ``batch`` for the agent to hold and the store to check (S16).
+    """Copies of ``batch`` for the agent to hold and the store to check (S16, S41).
 
-    A run appends one message entry per message; a typed MessagePack round
-    trip copies one in a third of ``stored_form``'s time (which encodes,
+    A run appends one message entry per message. One that holds nothing
+    mutable needs no copy (see ``_frozen``). Otherwise a typed MessagePack
+    round trip copies it in a third of ``stored_form``'s time (which encodes,
     decodes and re-encodes to check it). The copy is used only if it equals
     the entry, so nothing the round trip would change slips through: the
     store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
     Anything else goes through ``stored_form``.
     """
+    if len(batch) == 1 and _frozen(batch[0]):
+        return batch
     if all(type(entry) is MessageEntry for entry in batch):
         try:
             copies: list[Entry] = [_message_copier.decode(_copy_encoder.encode(entry))
@@ -896,6 +905,30 @@ def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
             if copies == batch:
                 return copies
     return stored_form(batch, session_id=session_id)
+
+
+_SCALARS = frozenset({type(None), str, int, float, bool})
+
+
+def _frozen(entry: Entry) -> bool:
+    """True for a message entry nothing can change: no call arguments, no free-form details.
+
+    Message structs are frozen and their other fields are strings, numbers
+    and tuples of frozen parts. A value of another type in them cannot pass
+    the store's check (S16), and the entry is held only once the store took it.
+    """
+    if type(entry) is not MessageEntry:
+        return False
+    message = entry.message
+    if type(message) is ToolResultMessage:
+        if type(message.details) not in _SCALARS:
+            return False
+    elif type(message) is AssistantMessage:
+        if any(type(part) is ToolCall for part in message.content):
+            return False
+    elif type(message) is not UserMessage:
+        return False
+    return type(message.content) is tuple
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

@@ -488,6 +488,22 @@ async def _resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+class _PlainTurn:
+    """A turn at the leaf that tracks none of its calls."""
+
+    __slots__ = ("call_ids", "keys", "turn")
+
+    def __init__(self, turn: _Turn) -> None:
+        self.turn = turn
+        self.keys = turn.keys()
+        self.call_ids = frozenset(c.id for c in turn.message.tool_calls)
+
+    def key(self, call_id: str) -> str:
+        assistant = self.turn.assistant
+        return self.keys.get(call_id) or idempotency_key(
+            assistant.origin_id or assistant.id, call_id)
+
+
 class Ledger:
     """The ``ToolGate`` a durable run gives its loop: writes and reads the records."""
 
@@ -500,6 +516,8 @@ class Ledger:
         self.notices: list[RunEvent] = []
         """Events for the run to forward after the one in progress (``drain``)."""
         self._lock = asyncio.Lock()
+        self._plain: tuple[str | None, _PlainTurn | None] | None = None
+        """(leaf id, the untracked turn at that leaf or None), for ``_untracked_turn``."""
 
     def drain(self) -> list[RunEvent]:
         out, self.notices = self.notices, []
@@ -578,20 +596,27 @@ class Ledger:
             self._index = _Index(self._agent.tree)
         return _call_state(turn, made, self._index or _NO_INDEX, tables)
 
-    def _untracked(self, call: ToolCall) -> _Turn | None:
-        """The turn at the leaf if it has no plan or request naming ``call``.
+    def _untracked_turn(self) -> _PlainTurn | None:
+        """The turn at the leaf if nothing in it is tracked (no plan, no request).
 
-        Such a call just runs, unrecorded: the ledger need not classify it
-        (most calls), only give it its key.
+        Its calls just run, unrecorded: the ledger need not classify them (most
+        calls), only give them their keys. Worked out once per leaf: such a
+        turn writes nothing, so its calls all find the same leaf.
         """
+        leaf = self._agent.tree.leaf_id
+        cached = self._plain
+        if cached is not None and cached[0] == leaf:
+            return cached[1]
         turn = _tip(self._agent.tree)
-        if turn is None or call.id in turn.tracked() or call.id in turn.requests():
-            return None
-        return turn
+        plain = None
+        if turn is not None and not turn.tracked() and not turn.requests():
+            plain = _PlainTurn(turn)
+        self._plain = (leaf, plain)
+        return plain
 
     async def admit(self, call: ToolCall, tool: Tool,
                     arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
-        if self._untracked(call) is not None:
+        if self._untracked_turn() is not None:
             return None
         state = self._state(call)
         if state is None or not state.tracked:
@@ -641,15 +666,11 @@ class Ledger:
 
     async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
         sid = self._agent.session_id
-        turn = self._untracked(call)
-        if turn is not None and self._index is None and any(
-                c.id == call.id for c in turn.message.tool_calls):
+        plain = self._untracked_turn()
+        if plain is not None and self._index is None and call.id in plain.call_ids:
             # Nothing is recorded for it, and no started record can name its key.
-            assistant = turn.assistant
-            key = turn.keys().get(call.id) or idempotency_key(
-                assistant.origin_id or assistant.id, call.id)
-            return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=key,
-                               session_id=sid, attempt=1)
+            return ToolContext(call_id=call.id, tool_name=call.name,
+                               idempotency_key=plain.key(call.id), session_id=sid, attempt=1)
         state = self._state(call)
         if state is None:
             return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id,
