@@ -136,13 +136,26 @@ async def run_durable(store: Store, factory: Callable[[], AgentLoop] = make_loop
     return elapsed, len(agent.entries)
 
 
-class PairedStarted:
-    """A store wrapper timing each started-record append against a bare write+fdatasync."""
+def _is_started(entries: Sequence[Entry]) -> bool:
+    return len(entries) == 1 and isinstance(entries[0], CustomEntry) and \
+        entries[0].kind == "threadline.tool_started"
 
-    def __init__(self, inner: FileStore, floor_path: Path) -> None:
+
+class PairedStarted:
+    """A store wrapper timing each chosen append against a bare write+fdatasync of its line.
+
+    By default the started records; ``pick`` chooses others. ``spent`` is the
+    wall time the wrapper itself adds to the run (the floor writes and the
+    encoding of their lines), so a caller can take it out of the run's time.
+    """
+
+    def __init__(self, inner: FileStore, floor_path: Path,
+                 pick: Callable[[Sequence[Entry]], bool] = _is_started) -> None:
         self.inner = inner
+        self.pick = pick
         self.fd = os.open(floor_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.pairs: list[tuple[float, float]] = []  # (append, floor) seconds
+        self.spent = 0.0
 
     async def create_session(self, record: SessionRecord) -> None:
         await self.inner.create_session(record)
@@ -151,12 +164,12 @@ class PairedStarted:
         return await self.inner.load_entries(session_id)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        started = len(entries) == 1 and isinstance(entries[0], CustomEntry) and \
-            entries[0].kind == "threadline.tool_started"
-        if not started:
+        if not self.pick(entries):
             await self.inner.append_entries(session_id, entries)
             return
-        line = encode_entry(entries[0]) + b"\n"
+        t_encode = time.perf_counter()
+        line = b"".join(encode_entry(e) + b"\n" for e in entries)
+        self.spent += time.perf_counter() - t_encode
         # Alternate which of the pair goes first, so neither gains from the order.
         first_floor = len(self.pairs) % 2 == 0
         if first_floor:
@@ -172,7 +185,9 @@ class PairedStarted:
         t0 = time.perf_counter()
         os.write(self.fd, line)
         os.fdatasync(self.fd)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.spent += took
+        return took
 
     def close(self) -> None:
         os.close(self.fd)
@@ -316,7 +331,8 @@ async def measure(reps: int) -> tuple[dict[str, list[float]], list[tuple[float, 
     lines = [encode_entry(e) + b"\n" for e in sample.entries]
     times: dict[str, list[float]] = {k: [] for k in (
         "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync",
-        "durable_file_fsync_tracked")}
+        "durable_file_fsync_tracked", "durable_file_fsync_paired", "paired_floor",
+        "paired_appends")}
     paired_started: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(prefix="threadline-bench-") as tmp:
         root = Path(tmp)
@@ -338,6 +354,22 @@ async def measure(reps: int) -> tuple[dict[str, list[float]], list[tuple[float, 
                 paired_started.extend(store.pairs)
 
         variants.append(("durable_file_fsync_tracked", tracked))
+
+        async def paired_run() -> float:
+            # Every append of the run paired with a write+fdatasync of its
+            # bytes at the same moment: a floor that sees the disk as the run does.
+            store = PairedStarted(FileStore(root / "paired"), root / "paired-floor.jsonl",
+                                  pick=lambda entries: True)
+            try:
+                elapsed = await _timed(run_durable(store))
+            finally:
+                store.close()
+            floors = sum(f for _, f in store.pairs)
+            times["paired_floor"].append(floors)
+            times["paired_appends"].append(sum(a for a, _ in store.pairs))
+            return elapsed - store.spent  # the run as it would be without the wrapper
+
+        variants.append(("durable_file_fsync_paired", paired_run))
         await bare()  # warm up imports and caches
         for _ in range(reps):
             for name, fn in variants:
@@ -370,7 +402,13 @@ async def main() -> None:
             times[num][i] / sum(times[d][i] for d in den) for i in range(reps)
         )
 
+    paired_key = "durable_file_fsync / (bare + same-moment floor)"
+    ratios[paired_key] = best["durable_file_fsync_paired"] / (best["bare"] + best["paired_floor"])
+    appends_key = "file store appends / same-moment floor"
+    ratios[appends_key] = best["paired_appends"] / best["paired_floor"]
     paired_ratios = {
+        appends_key: paired("paired_appends", "paired_floor"),
+        paired_key: paired("durable_file_fsync_paired", "bare", "paired_floor"),
         "durable_memory / bare": paired("durable_memory", "bare"),
         "durable_file_flush / bare": paired("durable_file_flush", "bare"),
         "durable_file_fsync / (bare + floor)":
@@ -386,6 +424,9 @@ async def main() -> None:
         "durable_file_fsync - (bare + floor)": (
             best["durable_file_fsync"] - best["bare"] - best["floor_fsync"]
         ) / MESSAGES * 1e6,
+        "durable agent around its file appends (paired, median)": statistics.median(
+            (times["durable_file_fsync_paired"][i] - times["bare"][i]
+             - times["paired_appends"][i]) for i in range(reps)) / MESSAGES * 1e6,
         "started record append (median)": statistics.median(appends) * 1e6,
         "one write+fdatasync of its line (median)": statistics.median(floors) * 1e6,
     }

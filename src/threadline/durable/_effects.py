@@ -603,7 +603,7 @@ class Ledger:
         calls), only give them their keys. Worked out once per leaf: such a
         turn writes nothing, so its calls all find the same leaf.
         """
-        leaf = self._agent.tree.leaf_id
+        leaf = self._agent.leaf_id
         cached = self._plain
         if cached is not None and cached[0] == leaf:
             return cached[1]
