@@ -15,6 +15,12 @@ and, in the same run, a floor for the file store: the run's 200 encoded
 entries written one line at a time to a fresh file, each ``os.write`` followed
 by ``os.fdatasync`` (what any durable per-message log must pay at least).
 
+The same-moment floor: the fsync run once more with every append paired
+with one ``os.write`` + ``os.fdatasync`` of the same bytes to another file,
+right before or after it (alternating). The shared disk's sync latency
+swings between the floor block above and the runs; pairs see it alike. The
+wrapper's own time is taken out of the run's.
+
 The effect ledger (``docs/tools-with-side-effects.md``): the same run with the
 tool declared ``side_effects=True`` on the fsync file store, so each of the 99
 calls also gets its durable "started" record before it runs. Each started
