@@ -116,6 +116,8 @@ class _ToolOutcome:
     calls: Sequence[ToolCall]
     results: list[ToolResultMessage | None] = dataclasses.field(init=False)
     held: set[int] = dataclasses.field(default_factory=set)
+    validated: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Arguments the gate was shown, by call index: the call runs with these."""
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.calls)
@@ -338,7 +340,8 @@ class AgentLoop:
                     call = calls[launched]
                     yield ToolExecutionStart(call.id, call.name, call.arguments)
                     tasks[launched] = asyncio.create_task(
-                        self._tool_task(launched, call, queue, gate),
+                        self._tool_task(launched, call, queue, gate,
+                                        outcome.validated.get(launched)),
                         name=f"tool {call.name} {call.id}",
                     )
                     launched += 1
@@ -365,7 +368,7 @@ class AgentLoop:
         """Put every call to the gate, in call order; False for those it answered or held."""
         admitted: list[bool] = []
         for i, call in enumerate(outcome.calls):
-            verdict = await self._admit(gate, call)
+            verdict = await self._admit(gate, call, i, outcome.validated)
             if isinstance(verdict, Pause):
                 outcome.held.add(i)
             elif verdict is not None:
@@ -374,7 +377,7 @@ class AgentLoop:
         return admitted
 
     async def _admit(
-        self, gate: ToolGate, call: ToolCall
+        self, gate: ToolGate, call: ToolCall, index: int, validated: dict[int, dict[str, Any]]
     ) -> ToolResultMessage | Pause | None:
         tool = self.tools.get(call.name)
         if tool is None:
@@ -383,6 +386,7 @@ class AgentLoop:
             kwargs = tool.validate(call.arguments)
         except msgspec.ValidationError:
             return None
+        validated[index] = kwargs
         verdict = await gate.admit(call, tool, kwargs)
         if isinstance(verdict, ToolResult):
             return ToolResultMessage(
@@ -393,7 +397,7 @@ class AgentLoop:
 
     async def _tool_task(
         self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None],
-        gate: ToolGate | None = None,
+        gate: ToolGate | None = None, kwargs: dict[str, Any] | None = None,
     ) -> ToolResultMessage:
         running = True
 
@@ -402,22 +406,25 @@ class AgentLoop:
                 queue.put_nowait(ToolExecutionUpdate(call.id, call.name, update))
 
         try:
-            return await self._execute(call, progress, gate)
+            return await self._execute(call, progress, gate, kwargs)
         finally:
             running = False
             queue.put_nowait(index)
 
     async def _execute(
-        self, call: ToolCall, progress: Callable[[Any], None], gate: ToolGate | None = None
+        self, call: ToolCall, progress: Callable[[Any], None], gate: ToolGate | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> ToolResultMessage:
+        """Run one call; ``kwargs`` are its arguments as already validated (for the gate)."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
             return _error(call, f"Unknown tool {call.name!r}. Available tools: {names}.")
-        try:
-            kwargs = tool.validate(call.arguments)
-        except msgspec.ValidationError as exc:
-            return _error(call, tool.invalid_arguments_message(call.arguments, exc))
+        if kwargs is None:
+            try:
+                kwargs = tool.validate(call.arguments)
+            except msgspec.ValidationError as exc:
+                return _error(call, tool.invalid_arguments_message(call.arguments, exc))
         if self.before_tool_call is not None:
             try:
                 verdict = await _resolve(self.before_tool_call(call))
