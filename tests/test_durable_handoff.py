@@ -28,9 +28,10 @@ from threadline.ai._messages import AssistantMessage, TextPart, ToolResultMessag
 from threadline.ai._model import LanguageModel, ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.durable._agent import _QUEUE_SIZE
-from threadline.errors import InvalidEntry
+from threadline.durable._retry import RETRY_DELAYS
+from threadline.errors import InvalidEntry, StoreUnavailable
 from threadline.session import FileStore, MemoryStore, MessageEntry, SQLiteStore, Store
-from threadline.testing import Call, ScriptedModel, Text, Turn
+from threadline.testing import Call, FaultyStore, ScriptedModel, Text, Turn
 
 
 @pytest.fixture(params=["memory", "file", "sqlite"])
@@ -277,3 +278,21 @@ async def test_s41_a_message_with_nothing_free_form_is_still_checked_before_it_i
     assert stored == agent.entries
     assert not any(isinstance(e, MessageEntry) and isinstance(e.message, ToolResultMessage)
                    for e in stored)
+
+
+async def test_s25_a_run_retries_its_message_appends_like_any_other() -> None:
+    # The run makes each message's first append attempt itself (one call
+    # less per message); the retries after a lost connection are the same.
+    memory = MemoryStore()
+    store = FaultyStore(memory, fail_append_on=range(2, 100),
+                        error=StoreUnavailable("server down", session_id="s"))
+    agent = await durable.open(durable.model(ScriptedModel([Turn.text("hello")])),
+                               store=store, session_id="s")
+    seen: list[Any] = []
+    with pytest.raises(StoreUnavailable, match="server down"):
+        async for ev in agent.run("hi"):
+            seen.append(ev)
+    assert store.append_calls == 1 + len(RETRY_DELAYS) + 1  # the input, then the reply's tries
+    assert not any(isinstance(ev, StoredMessageEnd) and isinstance(ev.message, AssistantMessage)
+                   for ev in seen)
+    assert [e.id for e in await memory.load_entries("s")] == [e.id for e in agent.entries]

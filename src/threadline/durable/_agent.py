@@ -45,13 +45,14 @@ from threadline.durable._events import (
 from threadline.durable._factory import Factory
 from threadline.durable._lock import AnyLoopLock
 from threadline.durable._repair import orphaned_results
-from threadline.durable._retry import append_linear_retrying, append_retrying
+from threadline.durable._retry import append_linear_retrying, append_retrying, retry_append
 from threadline.errors import (
     AgentError,
     ConfigError,
     NoLoopError,
     SessionExists,
     SessionNotFound,
+    StoreUnavailable,
 )
 from threadline.session._codec import rechain_opaque, stored_form
 from threadline.session._context import build_context
@@ -557,7 +558,10 @@ class DurableAgent:
         else:
             batch = _held_copies(batch, self._session_id)
         if not shielded:
-            await append_retrying(self._store, self._session_id, batch)
+            try:
+                await self._store.append_entries(self._session_id, batch)
+            except StoreUnavailable as exc:
+                await retry_append(self._store, self._session_id, batch, exc)
             self._add(batch)
             return batch
         write = asyncio.ensure_future(append_retrying(self._store, self._session_id, batch))
