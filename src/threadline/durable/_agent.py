@@ -639,7 +639,7 @@ class DurableAgent:
                 _set_channel(owner, pump.channel)
                 try:
                     while True:
-                        item = await pump.next()
+                        item = await pump.channel.get()
                         if item is None:
                             break
                         yield item
@@ -708,9 +708,6 @@ class _Pump:
         self._pending_input = list(input_entries)
         self._detached = False
         self._task = asyncio.create_task(self._main(factory, context, input))
-
-    async def next(self) -> RunEvent | None:
-        return await self.channel.get()
 
     async def detach(self) -> None:
         """The consumer is done: abort the loop if it still runs and wait for its tail."""
@@ -897,18 +894,21 @@ def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
     store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
     Anything else goes through ``stored_form``.
     """
-    if len(batch) == 1 and _frozen(batch[0]):
-        return batch
-    if all(type(entry) is MessageEntry for entry in batch):
+    return [_held_copy(entry, session_id) for entry in batch]
+
+
+def _held_copy(entry: Entry, session_id: str) -> Entry:
+    if _frozen(entry):
+        return entry
+    if type(entry) is MessageEntry:
         try:
-            copies: list[Entry] = [_message_copier.decode(_copy_encoder.encode(entry))
-                                   for entry in batch]
+            copy = _message_copier.decode(_copy_encoder.encode(entry))
         except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
             pass  # stored_form names the problem
         else:
-            if copies == batch:
-                return copies
-    return stored_form(batch, session_id=session_id)
+            if copy == entry:
+                return copy
+    return stored_form([entry], session_id=session_id)[0]
 
 
 _SCALARS = frozenset({type(None), str, int, float, bool})
