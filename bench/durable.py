@@ -15,6 +15,12 @@ and, in the same run, a floor for the file store: the run's 200 encoded
 entries written one line at a time to a fresh file, each ``os.write`` followed
 by ``os.fdatasync`` (what any durable per-message log must pay at least).
 
+The same-moment floor: the fsync run once more with every append paired
+with one ``os.write`` + ``os.fdatasync`` of the same bytes to another file,
+right before or after it (alternating). The shared disk's sync latency
+swings between the floor block above and the runs; pairs see it alike. The
+wrapper's own time is taken out of the run's.
+
 The effect ledger (``docs/tools-with-side-effects.md``): the same run with the
 tool declared ``side_effects=True`` on the fsync file store, so each of the 99
 calls also gets its durable "started" record before it runs. Each started
@@ -23,6 +29,12 @@ written to a separate file with one ``os.write`` + ``os.fdatasync``: the pair
 sees the same disk at the same moment, so the ratio holds even when the
 disk's sync latency swings. The promise is one durable append per tool call
 and nothing more, so the ratio should be close to 1.
+
+Where the time goes: the memory run again with its parts switched off one at
+a time from the bottom up (a store that keeps nothing, no ledger, no copies,
+no append at all), all measured in CPU time (``time.thread_time``, which other
+jobs on a shared machine disturb far less than wall time), median of the
+repetitions. The steps between them are the per-message cost of each part.
 
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
@@ -41,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -49,12 +62,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from threadline import durable
 from threadline.agent import AgentLoop
-from threadline.ai import ToolResult, UserMessage, tool
+from threadline.ai import ToolContext, ToolResult, UserMessage, tool
+from threadline.durable import _agent as agent_module
+from threadline.durable import _effects as effects_module
 from threadline.session import (
     CustomEntry,
     Entry,
@@ -126,13 +142,26 @@ async def run_durable(store: Store, factory: Callable[[], AgentLoop] = make_loop
     return elapsed, len(agent.entries)
 
 
-class PairedStarted:
-    """A store wrapper timing each started-record append against a bare write+fdatasync."""
+def _is_started(entries: Sequence[Entry]) -> bool:
+    return len(entries) == 1 and isinstance(entries[0], CustomEntry) and \
+        entries[0].kind == "threadline.tool_started"
 
-    def __init__(self, inner: FileStore, floor_path: Path) -> None:
+
+class PairedStarted:
+    """A store wrapper timing each chosen append against a bare write+fdatasync of its line.
+
+    By default the started records; ``pick`` chooses others. ``spent`` is the
+    wall time the wrapper itself adds to the run (the floor writes and the
+    encoding of their lines), so a caller can take it out of the run's time.
+    """
+
+    def __init__(self, inner: FileStore, floor_path: Path,
+                 pick: Callable[[Sequence[Entry]], bool] = _is_started) -> None:
         self.inner = inner
+        self.pick = pick
         self.fd = os.open(floor_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.pairs: list[tuple[float, float]] = []  # (append, floor) seconds
+        self.spent = 0.0
 
     async def create_session(self, record: SessionRecord) -> None:
         await self.inner.create_session(record)
@@ -141,12 +170,12 @@ class PairedStarted:
         return await self.inner.load_entries(session_id)
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        started = len(entries) == 1 and isinstance(entries[0], CustomEntry) and \
-            entries[0].kind == "threadline.tool_started"
-        if not started:
+        if not self.pick(entries):
             await self.inner.append_entries(session_id, entries)
             return
-        line = encode_entry(entries[0]) + b"\n"
+        t_encode = time.perf_counter()
+        line = b"".join(encode_entry(e) + b"\n" for e in entries)
+        self.spent += time.perf_counter() - t_encode
         # Alternate which of the pair goes first, so neither gains from the order.
         first_floor = len(self.pairs) % 2 == 0
         if first_floor:
@@ -162,10 +191,129 @@ class PairedStarted:
         t0 = time.perf_counter()
         os.write(self.fd, line)
         os.fdatasync(self.fd)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.spent += took
+        return took
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+# -- the breakdown ----------------------------------------------------------------
+
+
+class KeepNothing(MemoryStore):
+    """A store whose append accepts and keeps nothing: the store's own cost taken out."""
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        return None
+
+
+async def _admit(self: Any, call: Any, tool: Any, arguments: Any) -> None:
+    return None
+
+
+async def _begin(self: Any, call: Any, tool: Any) -> ToolContext:
+    return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id)
+
+
+async def _no_records(self: Any, message: Any) -> list[Entry]:
+    return []
+
+
+async def _receipt_only(self: Any, event: Any) -> Any:
+    return durable.StoredMessageEnd(message=event.message, entries=())
+
+
+def _no_copies(batch: list[Entry], session_id: str) -> list[Entry]:
+    return batch
+
+
+@contextlib.contextmanager
+def _without(*parts: str) -> Iterator[None]:
+    """Switch parts of the durable run off (for the breakdown only)."""
+    patches: list[tuple[Any, str, Any]] = []
+    if "append" in parts:
+        patches.append((agent_module._Pump, "_store", _receipt_only))
+    if "copies" in parts:
+        patches.append((agent_module, "_held_copies", _no_copies))
+    if "ledger" in parts:
+        patches += [(effects_module.Ledger, "admit", _admit),
+                    (effects_module.Ledger, "begin", _begin),
+                    (effects_module.Ledger, "records_for", _no_records)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+# (label, parts switched off, store); each step adds one part back.
+BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
+    ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
+    ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
+    ("effect ledger (untracked calls)", ("copies",), KeepNothing),
+    ("held copies (S41)", (), KeepNothing),
+    ("memory store append (its S16 check)", (), MemoryStore),
+]
+
+
+async def cpu_bare() -> float:
+    loop = make_loop()
+    t = time.thread_time()
+    async for _ in loop.run([], [INPUT]):
+        pass
+    return time.thread_time() - t
+
+
+async def cpu_durable(store: Store) -> float:
+    agent = await durable.open(make_loop, store=store)
+    t = time.thread_time()
+    async for _ in agent.run(INPUT):
+        pass
+    return time.thread_time() - t
+
+
+async def breakdown(reps: int) -> dict[str, Any]:
+    """CPU time per message of each part of a durable memory run, and the two ratios."""
+    cpu: dict[str, list[float]] = {"bare": []}
+    cpu.update({label: [] for label, _, _ in BREAKDOWN_STEPS})
+    for _ in range(reps):
+        gc.collect()
+        cpu["bare"].append(await cpu_bare())
+        for label, off, make_store in BREAKDOWN_STEPS:
+            gc.collect()
+            with _without(*off):
+                cpu[label].append(await cpu_durable(make_store()))
+    medians = {k: statistics.median(v) for k, v in cpu.items()}
+    steps: dict[str, float] = {}
+    before = medians["bare"]
+    for label, _, _ in BREAKDOWN_STEPS:
+        steps[label] = (medians[label] - before) / MESSAGES * 1e6
+        before = medians[label]
+    full = BREAKDOWN_STEPS[-1][0]
+    return {
+        "bare_us_per_message": medians["bare"] / MESSAGES * 1e6,
+        "durable_memory_us_per_message": medians[full] / MESSAGES * 1e6,
+        "steps_us_per_message": steps,
+        CPU_KEY: statistics.median(
+            d / b for d, b in zip(cpu[full], cpu["bare"], strict=True)),
+    }
+
+
+CPU_KEY = "durable_memory / bare (cpu, median of paired)"
+
+
+def print_breakdown(parts: dict[str, Any], reps: int) -> None:
+    print(f"\nwhere a durable memory run's time goes (CPU time, median of {reps}; per message)")
+    print(f"{'bare loop':<48} {parts['bare_us_per_message']:>6.1f} µs")
+    for name, value in parts["steps_us_per_message"].items():
+        print(f"{'+ ' + name:<48} {value:>6.1f} µs")
+    print(f"{'= durable run, memory store':<48} {parts['durable_memory_us_per_message']:>6.1f} µs")
+    print(f"{CPU_KEY:<48} {parts[CPU_KEY]:>6.2f}x")
 
 
 def floor(lines: list[bytes], path: Path) -> float:
@@ -180,12 +328,8 @@ def floor(lines: list[bytes], path: Path) -> float:
         os.close(fd)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    reps = 3 if args.quick else 7
-
+async def measure(reps: int) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """Every variant's wall time per repetition, interleaved, and the started-record pairs."""
     # The floor writes exactly the bytes the file store writes for this run.
     sample = await durable.open(make_loop, store=MemoryStore())
     await sample.run(INPUT).collect()
@@ -193,7 +337,8 @@ async def main() -> None:
     lines = [encode_entry(e) + b"\n" for e in sample.entries]
     times: dict[str, list[float]] = {k: [] for k in (
         "bare", "durable_memory", "durable_file_flush", "durable_file_fsync", "floor_fsync",
-        "durable_file_fsync_tracked")}
+        "durable_file_fsync_tracked", "durable_file_fsync_paired", "paired_floor",
+        "paired_appends")}
     paired_started: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(prefix="threadline-bench-") as tmp:
         root = Path(tmp)
@@ -215,12 +360,40 @@ async def main() -> None:
                 paired_started.extend(store.pairs)
 
         variants.append(("durable_file_fsync_tracked", tracked))
+
+        async def paired_run() -> float:
+            # Every append of the run paired with a write+fdatasync of its
+            # bytes at the same moment: a floor that sees the disk as the run does.
+            store = PairedStarted(FileStore(root / "paired"), root / "paired-floor.jsonl",
+                                  pick=lambda entries: True)
+            try:
+                elapsed = await _timed(run_durable(store))
+            finally:
+                store.close()
+            floors = sum(f for _, f in store.pairs)
+            times["paired_floor"].append(floors)
+            times["paired_appends"].append(sum(a for a, _ in store.pairs))
+            return elapsed - store.spent  # the run as it would be without the wrapper
+
+        variants.append(("durable_file_fsync_paired", paired_run))
         await bare()  # warm up imports and caches
         for _ in range(reps):
             for name, fn in variants:
                 gc.collect()
                 times[name].append(await fn())
             times["floor_fsync"].append(floor(lines, root / "floor.jsonl"))
+
+    return times, paired_started
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    reps = 3 if args.quick else 7
+    breakdown_reps = max(reps, 5) * 3
+
+    times, paired_started = await measure(reps)
 
     best = {k: min(v) for k, v in times.items()}
     per_msg_us = {k: v / MESSAGES * 1e6 for k, v in best.items()}
@@ -235,7 +408,13 @@ async def main() -> None:
             times[num][i] / sum(times[d][i] for d in den) for i in range(reps)
         )
 
+    paired_key = "durable_file_fsync / (bare + same-moment floor)"
+    ratios[paired_key] = best["durable_file_fsync_paired"] / (best["bare"] + best["paired_floor"])
+    appends_key = "file store appends / same-moment floor"
+    ratios[appends_key] = best["paired_appends"] / best["paired_floor"]
     paired_ratios = {
+        appends_key: paired("paired_appends", "paired_floor"),
+        paired_key: paired("durable_file_fsync_paired", "bare", "paired_floor"),
         "durable_memory / bare": paired("durable_memory", "bare"),
         "durable_file_flush / bare": paired("durable_file_flush", "bare"),
         "durable_file_fsync / (bare + floor)":
@@ -251,6 +430,9 @@ async def main() -> None:
         "durable_file_fsync - (bare + floor)": (
             best["durable_file_fsync"] - best["bare"] - best["floor_fsync"]
         ) / MESSAGES * 1e6,
+        "durable agent around its file appends (paired, median)": statistics.median(
+            (times["durable_file_fsync_paired"][i] - times["bare"][i]
+             - times["paired_appends"][i]) for i in range(reps)) / MESSAGES * 1e6,
         "started record append (median)": statistics.median(appends) * 1e6,
         "one write+fdatasync of its line (median)": statistics.median(floors) * 1e6,
     }
@@ -269,6 +451,9 @@ async def main() -> None:
         unit = "µs/message" if name.startswith("durable") else "µs/call"
         print(f"{name:<48} {value:>6.1f} {unit}")
 
+    parts = await breakdown(breakdown_reps)
+    print_breakdown(parts, breakdown_reps)
+
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "python": sys.version.split()[0],
@@ -281,6 +466,13 @@ async def main() -> None:
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "median_paired_ratios": {k: round(v, 3) for k, v in paired_ratios.items()},
         "overhead_us_per_message": {k: round(v, 2) for k, v in overhead_us.items()},
+        "cpu_breakdown": {
+            "bare_us_per_message": round(parts["bare_us_per_message"], 2),
+            "durable_memory_us_per_message": round(parts["durable_memory_us_per_message"], 2),
+            "steps_us_per_message": {k: round(v, 2)
+                                     for k, v in parts["steps_us_per_message"].items()},
+            CPU_KEY: round(parts[CPU_KEY], 3),
+        },
         "all_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()},
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 import uuid
@@ -103,3 +105,27 @@ def test_ids_carry_the_creation_time_in_milliseconds() -> None:
     s = new_id()
     after = time.time_ns() // 1_000_000
     assert before <= _ms(s) <= after + 1  # +1: a counter overflow may borrow a millisecond
+
+
+def test_ids_differ_in_a_forked_child_and_ignore_random_seed() -> None:
+    # The random part comes from a generator of the module's own, reseeded
+    # in a forked child: a parent and child drawing at once never repeat
+    # each other, whatever the application did to the global random module.
+    random.seed(0)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        os.write(write_end, "\n".join(new_id() for _ in range(200)).encode())
+        os._exit(0)
+    os.close(write_end)
+    mine = [new_id() for _ in range(200)]
+    with os.fdopen(read_end, "rb") as pipe:
+        theirs = pipe.read().decode().split("\n")
+    os.waitpid(pid, 0)
+    assert len(theirs) == 200
+    assert not set(mine) & set(theirs)
+    random.seed(0)
+    again = new_id()
+    random.seed(0)
+    assert new_id() != again

@@ -42,7 +42,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
@@ -108,6 +116,8 @@ class _ToolOutcome:
     calls: Sequence[ToolCall]
     results: list[ToolResultMessage | None] = dataclasses.field(init=False)
     held: set[int] = dataclasses.field(default_factory=set)
+    validated: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Arguments the gate was shown, by call index: the call runs with these."""
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.calls)
@@ -201,68 +211,68 @@ class AgentLoop:
         open calls. A call the gate pauses gets no result; the run ends after
         that turn with ``AgentEnd.awaiting_approval`` naming it.
         """
-        return self._run(context, input, abort or self.options.abort, gate, resume)
+        return self._run(context, input, _AbortSignal(abort or self.options.abort), gate, resume)
 
     async def _run(
-        self, context: Sequence[Message], input: Sequence[Message], abort: asyncio.Event | None,
+        self, context: Sequence[Message], input: Sequence[Message], signal: _AbortSignal,
         gate: ToolGate | None, resume: ResumeTurn | None,
     ) -> AsyncIterator[AgentEvent]:
+        try:
+            abort = signal.abort
+            options = self._options(abort)
+            info = self.model.info
+            history = list(context)
+            produced: list[Message] = []
+            error: BaseException | None = None
+            yield AgentStart()
+            for event in _taken_in(input, history, produced):
+                yield event
+            turn = 0
+            paused: list[str] = []
+            while True:
+                if _is_set(abort):
+                    error = asyncio.CancelledError("run aborted")
+                    break
+                turn += 1
+                yield TurnStart(turn)
+                if resume is not None:
+                    final, calls = resume.message, tuple(resume.calls)
+                    resume = None
+                else:
+                    yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
+                    reply = _Reply()
+                    async with aclosing(self._reply(history, options, abort, reply)) as updates:
+                        async for update in updates:
+                            yield update
+                    final, error = reply.message, reply.error
+                    history.append(final)
+                    produced.append(final)
+                    yield MessageEnd(final)
+                    calls = final.tool_calls
+                outcome = _ToolOutcome(calls)
+                if calls and error is None and not _is_set(abort):
+                    async with aclosing(self._run_tools(outcome, signal, gate)) as tool_events:
+                        async for tool_event in tool_events:
+                            yield tool_event
+                done = outcome.answered()
+                paused.extend(outcome.paused())
+                for event in _taken_in(done, history, produced):
+                    yield event
+                yield TurnEnd(turn, final, done)
+                if error is not None or not calls or paused:
+                    break
+                if self.max_turns is not None and turn >= self.max_turns and not _is_set(abort):
+                    error = AgentError(
+                        f"stopped after max_turns={self.max_turns}: the model still asked for tools"
+                    )
+                    break
+            yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
+        finally:
+            await signal.close()  # the run is over: stop watching abort
+
+    def _options(self, abort: asyncio.Event | None) -> StreamOptions:
         options = self.options
-        if options.abort is not abort:
-            options = dataclasses.replace(options, abort=abort)
-        info = self.model.info
-        history = list(context)
-        produced: list[Message] = []
-        error: BaseException | None = None
-        yield AgentStart()
-        for message in input:
-            history.append(message)
-            produced.append(message)
-            yield MessageStart(message)
-            yield MessageEnd(message)
-        turn = 0
-        paused: list[str] = []
-        while True:
-            if _is_set(abort):
-                error = asyncio.CancelledError("run aborted")
-                break
-            turn += 1
-            yield TurnStart(turn)
-            if resume is not None:
-                final, calls = resume.message, tuple(resume.calls)
-                resume = None
-            else:
-                yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
-                reply = _Reply()
-                async with aclosing(self._reply(history, options, abort, reply)) as updates:
-                    async for update in updates:
-                        yield update
-                final, error = reply.message, reply.error
-                history.append(final)
-                produced.append(final)
-                yield MessageEnd(final)
-                calls = final.tool_calls
-            outcome = _ToolOutcome(calls)
-            if calls and error is None and not _is_set(abort):
-                async with aclosing(self._run_tools(outcome, abort, gate)) as tool_events:
-                    async for tool_event in tool_events:
-                        yield tool_event
-            done = outcome.answered()
-            paused.extend(outcome.paused())
-            for result in done:
-                history.append(result)
-                produced.append(result)
-                yield MessageStart(result)
-                yield MessageEnd(result)
-            yield TurnEnd(turn, final, done)
-            if error is not None or not calls or paused:
-                break
-            if self.max_turns is not None and turn >= self.max_turns and not _is_set(abort):
-                error = AgentError(
-                    f"stopped after max_turns={self.max_turns}: the model still asked for tools"
-                )
-                break
-        yield AgentEnd(tuple(produced), error, awaiting_approval=tuple(paused))
+        return options if options.abort is abort else dataclasses.replace(options, abort=abort)
 
     async def _reply(
         self, history: list[Message], options: StreamOptions, abort: asyncio.Event | None,
@@ -299,7 +309,7 @@ class AgentLoop:
         reply.message = _failed(info.id, info.provider, text)
 
     async def _run_tools(
-        self, outcome: _ToolOutcome, abort: asyncio.Event | None, gate: ToolGate | None = None,
+        self, outcome: _ToolOutcome, signal: _AbortSignal, gate: ToolGate | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
         """Execute ``outcome.calls``, filling ``outcome``; a call left at None was aborted.
 
@@ -307,13 +317,14 @@ class AgentLoop:
         calls it pauses are added to ``outcome.held`` and left at None.
         """
         calls, results = outcome.calls, outcome.results
+        abort = signal.abort
         admitted = [True] * len(calls) if gate is None else await self._admit_all(gate, outcome)
         # Tool tasks report through one queue: an update, the index of a call that
         # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
         # a TaskGroup would cancel the consumer's task, which runs this generator.
         queue: asyncio.Queue[ToolExecutionUpdate | int | None] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[ToolResultMessage]] = {}
-        watcher = _watch_abort(abort, queue)
+        unwatch = signal.subscribe(lambda: queue.put_nowait(None))
         launched = finished = 0
         try:
             while finished < len(calls):
@@ -329,7 +340,8 @@ class AgentLoop:
                     call = calls[launched]
                     yield ToolExecutionStart(call.id, call.name, call.arguments)
                     tasks[launched] = asyncio.create_task(
-                        self._tool_task(launched, call, queue, gate),
+                        self._tool_task(launched, call, queue, gate,
+                                        outcome.validated.get(launched)),
                         name=f"tool {call.name} {call.id}",
                     )
                     launched += 1
@@ -345,7 +357,8 @@ class AgentLoop:
                 finished += 1
                 yield ToolExecutionEnd(result.tool_call_id, result.tool_name, result)
         finally:
-            await _cancel_and_wait(tasks, watcher)
+            unwatch()
+            await _cancel_and_wait(tasks)
         # Only reached when abort fired: close every started call.
         for index, task in sorted(tasks.items()):
             results[index] = ended = _ended(task, calls[index])
@@ -355,7 +368,7 @@ class AgentLoop:
         """Put every call to the gate, in call order; False for those it answered or held."""
         admitted: list[bool] = []
         for i, call in enumerate(outcome.calls):
-            verdict = await self._admit(gate, call)
+            verdict = await self._admit(gate, call, i, outcome.validated)
             if isinstance(verdict, Pause):
                 outcome.held.add(i)
             elif verdict is not None:
@@ -364,7 +377,7 @@ class AgentLoop:
         return admitted
 
     async def _admit(
-        self, gate: ToolGate, call: ToolCall
+        self, gate: ToolGate, call: ToolCall, index: int, validated: dict[int, dict[str, Any]]
     ) -> ToolResultMessage | Pause | None:
         tool = self.tools.get(call.name)
         if tool is None:
@@ -373,6 +386,7 @@ class AgentLoop:
             kwargs = tool.validate(call.arguments)
         except msgspec.ValidationError:
             return None
+        validated[index] = kwargs
         verdict = await gate.admit(call, tool, kwargs)
         if isinstance(verdict, ToolResult):
             return ToolResultMessage(
@@ -383,7 +397,7 @@ class AgentLoop:
 
     async def _tool_task(
         self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None],
-        gate: ToolGate | None = None,
+        gate: ToolGate | None = None, kwargs: dict[str, Any] | None = None,
     ) -> ToolResultMessage:
         running = True
 
@@ -392,22 +406,25 @@ class AgentLoop:
                 queue.put_nowait(ToolExecutionUpdate(call.id, call.name, update))
 
         try:
-            return await self._execute(call, progress, gate)
+            return await self._execute(call, progress, gate, kwargs)
         finally:
             running = False
             queue.put_nowait(index)
 
     async def _execute(
-        self, call: ToolCall, progress: Callable[[Any], None], gate: ToolGate | None = None
+        self, call: ToolCall, progress: Callable[[Any], None], gate: ToolGate | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> ToolResultMessage:
+        """Run one call; ``kwargs`` are its arguments as already validated (for the gate)."""
         tool = self.tools.get(call.name)
         if tool is None:
             names = ", ".join(self.tools) or "none"
             return _error(call, f"Unknown tool {call.name!r}. Available tools: {names}.")
-        try:
-            kwargs = tool.validate(call.arguments)
-        except msgspec.ValidationError as exc:
-            return _error(call, tool.invalid_arguments_message(call.arguments, exc))
+        if kwargs is None:
+            try:
+                kwargs = tool.validate(call.arguments)
+            except msgspec.ValidationError as exc:
+                return _error(call, tool.invalid_arguments_message(call.arguments, exc))
         if self.before_tool_call is not None:
             try:
                 verdict = await _resolve(self.before_tool_call(call))
@@ -435,31 +452,67 @@ class AgentLoop:
         )
 
 
+def _taken_in(messages: Iterable[Message], history: list[Message],
+              produced: list[Message]) -> Iterator[AgentEvent]:
+    """The start and end events of messages the run adds as they are (input, results)."""
+    for message in messages:
+        history.append(message)
+        produced.append(message)
+        yield MessageStart(message)
+        yield MessageEnd(message)
+
+
 def _is_set(abort: asyncio.Event | None) -> bool:
     return abort is not None and abort.is_set()
 
 
-def _watch_abort(
-    abort: asyncio.Event | None, queue: asyncio.Queue[ToolExecutionUpdate | int | None]
-) -> asyncio.Future[Any] | None:
-    """A future that puts None on ``queue`` once ``abort`` fires (None without ``abort``)."""
-    if abort is None:
-        return None
-    watcher = asyncio.ensure_future(abort.wait())
-    watcher.add_done_callback(lambda _: queue.put_nowait(None))
-    return watcher
+class _AbortSignal:
+    """Tells a run's tool phases when ``abort`` fires.
+
+    Waiting for an ``asyncio.Event`` takes a task. One per run, shared by its
+    tool phases through done-callbacks, instead of one per phase: starting,
+    cancelling and awaiting a task per turn cost more than the turn itself.
+    """
+
+    __slots__ = ("_watcher", "abort")
+
+    def __init__(self, abort: asyncio.Event | None) -> None:
+        self.abort = abort
+        self._watcher: asyncio.Future[Any] | None = None
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once ``abort`` fires (at once if it has); returns the undo."""
+        if self.abort is None:
+            return _nothing
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self.abort.wait())
+        watcher = self._watcher
+
+        def fired(_: asyncio.Future[Any]) -> None:
+            callback()
+
+        def undo() -> None:
+            watcher.remove_done_callback(fired)
+
+        watcher.add_done_callback(fired)
+        return undo
+
+    async def close(self) -> None:
+        watcher = self._watcher
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            await asyncio.wait((watcher,))  # leave no task behind the run
 
 
-async def _cancel_and_wait(
-    tasks: dict[int, asyncio.Task[ToolResultMessage]], watcher: asyncio.Future[Any] | None
-) -> None:
-    """Cancel the tool tasks still running (and the abort watcher), then await them all."""
+def _nothing() -> None:
+    return None
+
+
+async def _cancel_and_wait(tasks: dict[int, asyncio.Task[ToolResultMessage]]) -> None:
+    """Cancel the tool tasks still running, then await them all."""
     for task in tasks.values():
         task.cancel()
-    if watcher is not None:
-        watcher.cancel()
-        await asyncio.wait((watcher, *tasks.values()))
-    elif tasks:
+    if tasks:
         await asyncio.wait(tasks.values())
 
 

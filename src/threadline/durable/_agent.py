@@ -12,17 +12,24 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from types import TracebackType
-from typing import Any, TypeAlias
+from types import AsyncGeneratorType, TracebackType
+from typing import Any, TypeAlias, cast
 
 import msgspec
 
 from threadline.agent._events import AgentEvent, MessageEnd
 from threadline.agent._gate import ResumeTurn
 from threadline.agent._loop import AgentLoop
-from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from threadline.ai._messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from threadline.ai._model import LanguageModel
 from threadline.durable import _effects as effects
+from threadline.durable._channel import EMPTY, Channel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable._events import (
     LifecycleEvent,
@@ -38,13 +45,14 @@ from threadline.durable._events import (
 from threadline.durable._factory import Factory
 from threadline.durable._lock import AnyLoopLock
 from threadline.durable._repair import orphaned_results
-from threadline.durable._retry import append_linear_retrying, append_retrying
+from threadline.durable._retry import append_linear_retrying, append_retrying, retry_append
 from threadline.errors import (
     AgentError,
     ConfigError,
     NoLoopError,
     SessionExists,
     SessionNotFound,
+    StoreUnavailable,
 )
 from threadline.session._codec import rechain_opaque, stored_form
 from threadline.session._context import build_context
@@ -548,9 +556,12 @@ class DurableAgent:
         if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
             batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
         else:
-            batch = stored_form(batch, session_id=self._session_id)
+            batch = _held_copies(batch, self._session_id)
         if not shielded:
-            await append_retrying(self._store, self._session_id, batch)
+            try:
+                await self._store.append_entries(self._session_id, batch)
+            except StoreUnavailable as exc:
+                await retry_append(self._store, self._session_id, batch, exc)
             self._add(batch)
             return batch
         write = asyncio.ensure_future(append_retrying(self._store, self._session_id, batch))
@@ -625,13 +636,15 @@ class DurableAgent:
                 # leaves (break, aclose, cancellation) the loop only ever sees
                 # the abort signal, winds down, and its tail gets stored.
                 pump = _Pump(self, factory, context, input, input_entries, resume=turn)
+                _set_channel(owner, pump.channel)
                 try:
                     while True:
-                        item = await pump.next()
+                        item = await pump.channel.get()
                         if item is None:
                             break
                         yield item
                 finally:
+                    _set_channel(owner, None)
                     await pump.detach()
             finally:
                 self._run_task = self._run_owner = None
@@ -691,16 +704,10 @@ class _Pump:
         self._resume = resume
         self._ledger: effects.Ledger | None = None
         self._abort = asyncio.Event()
-        self._queue: asyncio.Queue[RunEvent | _Failure | None] = asyncio.Queue(maxsize=_QUEUE_SIZE)
+        self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
         self._pending_input = list(input_entries)
         self._detached = False
         self._task = asyncio.create_task(self._main(factory, context, input))
-
-    async def next(self) -> RunEvent | None:
-        item = await self._queue.get()
-        if isinstance(item, _Failure):
-            raise item.error
-        return item
 
     async def detach(self) -> None:
         """The consumer is done: abort the loop if it still runs and wait for its tail."""
@@ -708,8 +715,7 @@ class _Pump:
             return
         self._detached = True
         self._abort.set()
-        while not self._queue.empty():  # unblock a put waiting for the consumer
-            self._queue.get_nowait()
+        self.channel.clear()  # unblock a producer waiting for the consumer
         # Keep the session until the tail is stored, even through repeated
         # cancellation: releasing it early would let the next mutation
         # interleave with the tail.
@@ -722,47 +728,52 @@ class _Pump:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:  # noqa: PLR0912  one branch over; left whole while the durable merges land
+    def _events(self, factory: Factory, context: list[Message],
+                input: list[Message]) -> AsyncIterator[AgentEvent]:
+        loop = factory()
+        if isinstance(loop, AgentLoop):
+            self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
+            return loop.run(context, input, abort=self._abort, gate=self._ledger,
+                            resume=self._resume)
+        if self._resume is not None:
+            raise AgentError(
+                f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
+                f"tools itself (durable.model); {type(loop).__name__} cannot finish "
+                "the calls left open"
+            )
+        return loop.run(context, input, abort=self._abort)
+
+    async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
         events: AsyncIterator[AgentEvent] | None = None
+        channel = self.channel
         try:
-            loop = factory()
-            if isinstance(loop, AgentLoop):
-                self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
-                events = loop.run(context, input, abort=self._abort, gate=self._ledger,
-                                  resume=self._resume)
-            elif self._resume is not None:
-                raise AgentError(
-                    f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
-                    f"tools itself (durable.model); {type(loop).__name__} cannot finish "
-                    "the calls left open"
-                )
-            else:
-                events = loop.run(context, input, abort=self._abort)
+            events = self._events(factory, context, input)
+            ledger = self._ledger
             async for event in events:
-                notices = self._ledger.drain() if self._ledger is not None else []
-                stored = await self._store(event)
-                if self._ledger is not None:
-                    notices.extend(self._ledger.drain())
-                if not self._detached:
-                    await self._queue.put(stored)
-                    for notice in notices:
-                        await self._queue.put(notice)
-            if not self._detached:
-                await self._queue.put(None)
+                if isinstance(event, MessageEnd):
+                    item: RunEvent = await self._store(event)
+                else:
+                    item = event
+                if self._detached:
+                    continue
+                full = channel.put(item)
+                if ledger is not None and ledger.notices:
+                    for notice in ledger.drain():
+                        full = channel.put(notice)
+                if full:
+                    await channel.room()
+            channel.close()
         except Exception as exc:
             if self._detached:
                 log.exception(
                     "session %s: storing an aborted run's tail failed; crash repair will "
                     "answer its open tool calls on next open", self._agent.session_id)
-            else:
-                await self._queue.put(_Failure(exc))
+            channel.close(exc)
         finally:
             if events is not None:
                 await _aclose(events)
 
-    async def _store(self, event: AgentEvent) -> RunEvent:
-        if not isinstance(event, MessageEnd):
-            return event
+    async def _store(self, event: MessageEnd) -> StoredMessageEnd:
         pending = self._pending_input
         if pending and _same_input(pending[0], event.message):
             written = [pending.pop(0)]
@@ -770,18 +781,14 @@ class _Pump:
             # The pump task is never cancelled (detach shields it), so the
             # cancellation-safe path and its extra task are not needed here.
             ledger = self._ledger
-            records = await ledger.records_for(event.message) if ledger is not None else []
+            message = event.message
+            records = (await ledger.records_for(message)
+                       if ledger is not None and isinstance(message, AssistantMessage)
+                       and message.tool_calls else [])
             written = await self._agent._append([event.message, *records], shielded=False)
             if ledger is not None and records:
                 ledger.stored(written)
         return StoredMessageEnd(message=event.message, entries=tuple(written))
-
-
-class _Failure:
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 class Run:
@@ -792,17 +799,27 @@ class Run:
     even if you stop early.
     """
 
-    __slots__ = ("__weakref__", "_gen")
+    __slots__ = ("__weakref__", "_channel", "_gen")
 
     def __init__(
         self, start: Callable[[weakref.ref[Run]], AsyncGenerator[RunEvent, None]]
     ) -> None:
-        self._gen = start(weakref.ref(self))
+        self._gen = cast("AsyncGeneratorType[RunEvent, None]", start(weakref.ref(self)))
+        self._channel: Channel[RunEvent] | None = None
+        """The pump's channel while the run forwards its events."""
 
     def __aiter__(self) -> Run:
         return self
 
     async def __anext__(self) -> RunEvent:
+        # Events the pump has already stored and buffered are handed over
+        # here, without resuming the generator. Its own path (waiting, the
+        # end, an error, a second consumer) is taken once the buffer is empty.
+        channel = self._channel
+        if channel is not None and not self._gen.ag_running:
+            item = channel.take()
+            if item is not EMPTY:
+                return item  # type: ignore[return-value]
         return await self._gen.__anext__()
 
     async def aclose(self) -> None:
@@ -820,6 +837,14 @@ class Run:
     async def collect(self) -> list[RunEvent]:
         """Consume the whole run and return its events."""
         return [event async for event in self]
+
+
+def _set_channel(owner: weakref.ref[Run], channel: Channel[RunEvent] | None) -> None:
+    # Through the weak reference only: a run left with break must stay
+    # collectable, which is what closes it.
+    run = owner()
+    if run is not None:
+        run._channel = channel
 
 
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage)
@@ -852,6 +877,62 @@ def _chained(items: Sequence[Message | Entry], parent: str | None) -> list[Entry
         batch.append(entry)
         parent = entry.id
     return batch
+
+
+_copy_encoder = msgspec.msgpack.Encoder()
+_message_copier = msgspec.msgpack.Decoder(MessageEntry)
+
+
+def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
+    """Copies of ``batch`` for the agent to hold and the store to check (S16, S41).
+
+    A run appends one message entry per message. One that holds nothing
+    mutable needs no copy (see ``_frozen``). Otherwise a typed MessagePack
+    round trip copies it in a third of ``stored_form``'s time (which encodes,
+    decodes and re-encodes to check it). The copy is used only if it equals
+    the entry, so nothing the round trip would change slips through: the
+    store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
+    Anything else goes through ``stored_form``.
+    """
+    return [_held_copy(entry, session_id) for entry in batch]
+
+
+def _held_copy(entry: Entry, session_id: str) -> Entry:
+    if _frozen(entry):
+        return entry
+    if type(entry) is MessageEntry:
+        try:
+            copy = _message_copier.decode(_copy_encoder.encode(entry))
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
+            pass  # stored_form names the problem
+        else:
+            if copy == entry:
+                return copy
+    return stored_form([entry], session_id=session_id)[0]
+
+
+_SCALARS = frozenset({type(None), str, int, float, bool})
+
+
+def _frozen(entry: Entry) -> bool:
+    """True for a message entry nothing can change: no call arguments, no free-form details.
+
+    Message structs are frozen and their other fields are strings, numbers
+    and tuples of frozen parts. A value of another type in them cannot pass
+    the store's check (S16), and the entry is held only once the store took it.
+    """
+    if type(entry) is not MessageEntry:
+        return False
+    message = entry.message
+    if type(message) is ToolResultMessage:
+        if type(message.details) not in _SCALARS:
+            return False
+    elif type(message) is AssistantMessage:
+        if any(type(part) is ToolCall for part in message.content):
+            return False
+    elif type(message) is not UserMessage:
+        return False
+    return type(message.content) is tuple
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

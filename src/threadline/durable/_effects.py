@@ -260,36 +260,47 @@ class _Index:
             self.decisions.setdefault(decision.request_id, entry)  # first in log order wins
 
 
+class _Tables:
+    """What the turn's entries say, read once for all of its calls."""
+
+    __slots__ = ("keys", "requests", "results", "tracked")
+
+    def __init__(self, turn: _Turn) -> None:
+        self.results = turn.results()
+        self.tracked = turn.tracked()
+        self.requests = turn.requests()
+        self.keys = turn.keys()
+
+
 def _states(session_id: str, turn: _Turn, index: _Index) -> list[CallState]:
-    results = turn.results()
-    tracked = turn.tracked()
-    requests = turn.requests()
-    keys = turn.keys()
-    out: list[CallState] = []
-    for call in turn.message.tool_calls:
-        key = keys.get(call.id) or idempotency_key(
-            turn.assistant.origin_id or turn.assistant.id, call.id)
-        request = requests.get(call.id)
-        decision = None
-        if request is not None:
-            # A fork's copy of a decision still names the request it copied.
-            decision = index.decisions.get(request.id) or (
-                index.decisions.get(request.origin_id) if request.origin_id else None)
-        attempts = index.started.get(key, 0)
-        status: Status
-        if call.id in results:
-            status = "answered"
-        elif request is not None and decision is None:
-            status = "awaiting_approval"
-        elif decision is not None and not decision.data.approved:
-            status = "denied"
-        elif attempts:
-            status = "in_doubt"
-        else:
-            status = "never_started"
-        out.append(CallState(call, status, key, call.id in tracked or request is not None,
-                             attempts, request, decision))
-    return out
+    tables = _Tables(turn)
+    return [_call_state(turn, call, index, tables) for call in turn.message.tool_calls]
+
+
+def _call_state(turn: _Turn, call: ToolCall, index: _Index, tables: _Tables) -> CallState:
+    results, tracked, requests = tables.results, tables.tracked, tables.requests
+    key = tables.keys.get(call.id) or idempotency_key(
+        turn.assistant.origin_id or turn.assistant.id, call.id)
+    request = requests.get(call.id)
+    decision = None
+    if request is not None:
+        # A fork's copy of a decision still names the request it copied.
+        decision = index.decisions.get(request.id) or (
+            index.decisions.get(request.origin_id) if request.origin_id else None)
+    attempts = index.started.get(key, 0)
+    status: Status
+    if call.id in results:
+        status = "answered"
+    elif request is not None and decision is None:
+        status = "awaiting_approval"
+    elif decision is not None and not decision.data.approved:
+        status = "denied"
+    elif attempts:
+        status = "in_doubt"
+    else:
+        status = "never_started"
+    return CallState(call, status, key, call.id in tracked or request is not None,
+                     attempts, request, decision)
 
 
 def call_states(agent: DurableAgent) -> list[CallState]:
@@ -298,6 +309,9 @@ def call_states(agent: DurableAgent) -> list[CallState]:
     if turn is None or turn.message.stop_reason in ("error", "aborted"):
         return []
     return _states(agent.session_id, turn, _index_for(agent.tree, turn))
+
+
+_NO_INDEX = _Index(())
 
 
 def _index_for(tree: TreeView, turn: _Turn) -> _Index:
@@ -474,6 +488,22 @@ async def _resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+class _PlainTurn:
+    """A turn at the leaf that tracks none of its calls."""
+
+    __slots__ = ("call_ids", "keys", "turn")
+
+    def __init__(self, turn: _Turn) -> None:
+        self.turn = turn
+        self.keys = turn.keys()
+        self.call_ids = frozenset(c.id for c in turn.message.tool_calls)
+
+    def key(self, call_id: str) -> str:
+        assistant = self.turn.assistant
+        return self.keys.get(call_id) or idempotency_key(
+            assistant.origin_id or assistant.id, call_id)
+
+
 class Ledger:
     """The ``ToolGate`` a durable run gives its loop: writes and reads the records."""
 
@@ -483,11 +513,14 @@ class Ledger:
         self._tools = tools
         self._rule = rule
         self._index: _Index | None = None
-        self._notices: list[RunEvent] = []
+        self.notices: list[RunEvent] = []
+        """Events for the run to forward after the one in progress (``drain``)."""
         self._lock = asyncio.Lock()
+        self._plain: tuple[str | None, _PlainTurn | None] | None = None
+        """(leaf id, the untracked turn at that leaf or None), for ``_untracked_turn``."""
 
     def drain(self) -> list[RunEvent]:
-        out, self._notices = self._notices, []
+        out, self.notices = self.notices, []
         return out
 
     async def records_for(self, message: Message) -> list[Entry]:
@@ -500,7 +533,7 @@ class Ledger:
         requests: list[Entry] = []
         for call in message.tool_calls:
             tool = self._tools.get(call.name)
-            if tool is None:
+            if tool is None or self._never_tracked(tool):
                 continue
             try:
                 kwargs = tool.validate(call.arguments)
@@ -517,12 +550,17 @@ class Ledger:
             return []
         return [CustomEntry(kind=TOOL_PLAN, data=ToolPlan(calls=tuple(tracked))), *requests]
 
+    def _never_tracked(self, tool: Tool) -> bool:
+        """No side effects and no approval rule: no record, whatever its arguments."""
+        return (self._rule is None and not tool.side_effects and not callable(tool.approval)
+                and not tool.approval)
+
     def stored(self, entries: Sequence[Entry]) -> None:
         for entry in entries:
             request = _record(entry, APPROVAL_REQUESTED)
             if request is not None:
                 assert isinstance(entry, CustomEntry)
-                self._notices.append(ApprovalRequested(
+                self.notices.append(ApprovalRequested(
                     session_id=self._agent.session_id, call_id=request.call_id,
                     tool_name=request.tool_name, arguments=dict(request.arguments),
                     reason=request.reason, entry=entry))
@@ -550,15 +588,36 @@ class Ledger:
         turn = _tip(self._agent.tree)
         if turn is None:
             return None
-        if self._index is None and (turn.tracked() or turn.requests()):
+        made = next((c for c in turn.message.tool_calls if c.id == call.id), None)
+        if made is None:
+            return None
+        tables = _Tables(turn)
+        if self._index is None and (tables.tracked or tables.requests):
             self._index = _Index(self._agent.tree)
-        for state in _states(self._agent.session_id, turn, self._index or _Index(())):
-            if state.call.id == call.id:
-                return state
-        return None
+        return _call_state(turn, made, self._index or _NO_INDEX, tables)
+
+    def _untracked_turn(self) -> _PlainTurn | None:
+        """The turn at the leaf if nothing in it is tracked (no plan, no request).
+
+        Its calls just run, unrecorded: the ledger need not classify them (most
+        calls), only give them their keys. Worked out once per leaf: such a
+        turn writes nothing, so its calls all find the same leaf.
+        """
+        leaf = self._agent.leaf_id
+        cached = self._plain
+        if cached is not None and cached[0] == leaf:
+            return cached[1]
+        turn = _tip(self._agent.tree)
+        plain = None
+        if turn is not None and not turn.tracked() and not turn.requests():
+            plain = _PlainTurn(turn)
+        self._plain = (leaf, plain)
+        return plain
 
     async def admit(self, call: ToolCall, tool: Tool,
                     arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
+        if self._untracked_turn() is not None:
+            return None
         state = self._state(call)
         if state is None or not state.tracked:
             return None
@@ -601,13 +660,18 @@ class Ledger:
                                  details=details, synthesized="interrupted")
 
     def _notice(self, state: CallState, outcome: Any) -> None:
-        self._notices.append(ToolCallInDoubt(
+        self.notices.append(ToolCallInDoubt(
             session_id=self._agent.session_id, call_id=state.call.id,
             tool_name=state.call.name, idempotency_key=state.idempotency_key, outcome=outcome))
 
     async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
-        state = self._state(call)
         sid = self._agent.session_id
+        plain = self._untracked_turn()
+        if plain is not None and self._index is None and call.id in plain.call_ids:
+            # Nothing is recorded for it, and no started record can name its key.
+            return ToolContext(call_id=call.id, tool_name=call.name,
+                               idempotency_key=plain.key(call.id), session_id=sid, attempt=1)
+        state = self._state(call)
         if state is None:
             return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id,
                                session_id=sid)

@@ -23,7 +23,7 @@ from threadline.errors import StoreUnavailable
 from threadline.session._entries import Entry
 from threadline.session._store import LinearStore, Store
 
-__all__ = ["RETRY_DELAYS", "append_linear_retrying", "append_retrying"]
+__all__ = ["RETRY_DELAYS", "append_linear_retrying", "append_retrying", "retry_append"]
 
 T = TypeVar("T")
 
@@ -34,7 +34,21 @@ RETRY_DELAYS: tuple[float, ...] = (0.05, 0.15, 0.3, 0.5, 1.0)
 
 
 async def append_retrying(store: Store, session_id: str, batch: Sequence[Entry]) -> None:
-    await _retrying(lambda: store.append_entries(session_id, batch), session_id, len(batch))
+    try:
+        return await store.append_entries(session_id, batch)
+    except StoreUnavailable as exc:
+        await retry_append(store, session_id, batch, exc)
+
+
+async def retry_append(store: Store, session_id: str, batch: Sequence[Entry],
+                       first: StoreUnavailable) -> None:
+    """The retries of ``append_retrying`` after its first attempt failed with ``first``.
+
+    A caller on a hot path makes the first attempt itself, one call less.
+    """
+    await _wait_to_retry(RETRY_DELAYS[0], session_id, len(batch), first)
+    await _retrying(lambda: store.append_entries(session_id, batch), session_id, len(batch),
+                    RETRY_DELAYS[1:])
 
 
 async def append_linear_retrying(store: LinearStore, session_id: str,
@@ -44,12 +58,18 @@ async def append_linear_retrying(store: LinearStore, session_id: str,
                            len(batch))
 
 
-async def _retrying(call: Callable[[], Awaitable[T]], session_id: str, count: int) -> T:
-    for delay in RETRY_DELAYS:
+async def _retrying(call: Callable[[], Awaitable[T]], session_id: str, count: int,
+                    delays: Sequence[float] = RETRY_DELAYS) -> T:
+    for delay in delays:
         try:
             return await call()
         except StoreUnavailable as exc:
-            log.warning("session %r: append of %d entries failed, retrying the same batch in "
-                        "%gs: %s", session_id, count, delay, exc)
-            await asyncio.sleep(delay)
+            await _wait_to_retry(delay, session_id, count, exc)
     return await call()
+
+
+async def _wait_to_retry(delay: float, session_id: str, count: int,
+                         exc: StoreUnavailable) -> None:
+    log.warning("session %r: append of %d entries failed, retrying the same batch in "
+                "%gs: %s", session_id, count, delay, exc)
+    await asyncio.sleep(delay)

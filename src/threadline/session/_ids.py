@@ -10,12 +10,19 @@ millisecond clock, then a 12-bit counter seeded at random each millisecond
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 
 __all__ = ["new_id"]
 
 _lock = threading.Lock()
+# The random bits need to be unique, not secret: a generator of our own,
+# seeded from os.urandom and again in every forked child, costs a third of
+# an os.urandom call per id, and nobody's random.seed() can repeat its ids.
+_random = random.Random()
+os.register_at_fork(after_in_child=_random.seed)
+_bits = _random.getrandbits
 _last_ms = 0
 _counter = 0
 
@@ -26,7 +33,7 @@ def new_id() -> str:
         ms = time.time_ns() // 1_000_000
         if ms > _last_ms:
             _last_ms = ms
-            _counter = int.from_bytes(os.urandom(2)) & 0x7FF
+            _counter = _bits(11)
         else:
             # Same millisecond (or the clock stepped back): keep ids increasing.
             _counter += 1
@@ -35,7 +42,7 @@ def new_id() -> str:
                 _counter = 0
             ms = _last_ms
         counter = _counter
-    rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
+    rand = _bits(62)
     value = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -62,21 +62,23 @@ class MemoryStore:
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         # Encode before taking the lock: an entry that cannot be stored leaves
         # the log untouched (all or nothing).
-        check_session_id(session_id)
+        if type(session_id) is not str or session_id not in self._records:
+            check_session_id(session_id)  # a known session's id was checked when created
         lines = [encode_entry(entry, session_id=session_id) for entry in entries]
-        new_ids = {entry.id for entry in entries}
         with self._lock:
             log = self._logs.get(session_id)
             if log is None:
                 raise SessionNotFound(session_id, "memory store")
             ids = self._ids[session_id]
+            start = len(log)
+            new_ids = {entry.id: start + n for n, entry in enumerate(entries)}
             if len(new_ids) < len(entries) or not ids.keys().isdisjoint(new_ids):
                 stored = {i: (ids[i], log[ids[i]]) for i in new_ids if i in ids}
                 check_retried_batch(session_id, [(e.id, line) for e, line in
                                                  zip(entries, lines, strict=True)],
                                     stored, "memory store")
                 return  # S25: this exact batch is already stored
-            ids.update((entry.id, len(log) + n) for n, entry in enumerate(entries))
+            ids.update(new_ids)
             log.extend(lines)
         self._wakeups.ring(session_id)
 
