@@ -60,7 +60,7 @@ def _old_lines() -> list[tuple[str, str | None, str, bytes]]:
 
 
 def _sqlite_v1(path: Path, rows: list[tuple[str, str | None, str, bytes]]) -> None:
-    [(version, script)] = [m for m in SQLITE_MIGRATIONS if m[0] == 1]
+    [(_, script)] = [m for m in SQLITE_MIGRATIONS if m[0] == 1]
     assert isinstance(script, str)
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA journal_mode=WAL")
