@@ -92,6 +92,12 @@ Conn = psycopg.AsyncConnection[Any]
 async def _compact_rows(conn: Conn, s: sql.Identifier) -> None:
     """Version 4: version 3's entries moved into compact rows (``session/_rows.py``).
 
+    It also drops version 3's NOTIFY trigger: a transaction that notifies
+    holds PostgreSQL's one notify lock through its commit, WAL flush
+    included, so appends to different sessions could no longer share a
+    flush (measured in ``bench/sql_stores.py``). The store notifies after the
+    commit instead (``PostgresStore._notify``).
+
     Runs in the migration's transaction under its advisory lock, so a second
     process waits, then finds version 4 recorded.
     """
@@ -137,13 +143,11 @@ CREATE TABLE {s}.entries_v4 (
 
 _V4_SWAP = """
 DROP TABLE {s}.entries;
+DROP FUNCTION {s}.notify_append();
 ALTER TABLE {s}.entries_v4 RENAME TO entries;
 ALTER TABLE {s}.entries ADD CONSTRAINT entries_pkey PRIMARY KEY (session_id, seq);
-ALTER TABLE {s}.entries ADD CONSTRAINT entries_session_id_entry_id_key UNIQUE (session_id, entry_id);
-CREATE TRIGGER entries_notify AFTER INSERT ON {s}.entries
-    REFERENCING NEW TABLE AS new_entries
-    FOR EACH STATEMENT EXECUTE FUNCTION {s}.notify_append()
-"""  # noqa: E501
+ALTER TABLE {s}.entries ADD CONSTRAINT entries_session_id_entry_id_key UNIQUE (session_id, entry_id)
+"""
 
 MIGRATIONS: tuple[tuple[int, str | Callable[[Conn, sql.Identifier], Awaitable[None]]], ...] = (
     (
@@ -224,6 +228,10 @@ _Q = {
                    "AND entry_id = %(after)s)",
     "watch_read": "SELECT seq, kind, entry_id, parent_id, ts, data FROM {s}.entries "
                   "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT 1000",
+    # After an append has committed, in a transaction of its own that need not
+    # wait for its WAL flush (losing a notification in a crash is harmless:
+    # watchers also poll), so the notify lock is held for microseconds.
+    "notify": "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s)",
     "stored_batch": "SELECT seq, kind, entry_id, parent_id, ts, data FROM {s}.entries "
                     "WHERE session_id = %s AND entry_id = ANY(%s::bytea[])",
     # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
@@ -532,6 +540,8 @@ class PostgresStore:
                 cur = await conn.execute(self._q["append"], params)
             except psycopg.errors.UniqueViolation as exc:
                 raise _Repeated() from exc
+            if cur.rowcount:
+                await self._notify(conn, sid)
             return cur.rowcount
 
         try:
@@ -539,6 +549,18 @@ class PostgresStore:
                 raise SessionNotFound(sid, self._where)
         except _Repeated:
             await self._check_retried(sid, ids, datas)
+
+    async def _notify(self, conn: Conn, sid: str) -> None:
+        """Wake the watchers of ``sid`` in every process (S26), once the append is committed."""
+        payload = hashlib.md5(sid.encode()).hexdigest()
+        if not conn.autocommit:
+            # A pool's own transaction: notify inside it (its commit stays synchronous).
+            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+            return
+        try:
+            await conn.execute(self._q["notify"], (self._channel, payload))
+        except psycopg.Error as exc:  # the append is stored; watchers' polls will see it
+            log.debug("%s: NOTIFY for session %r failed: %s", self._where, sid, exc)
 
     async def _check_retried(self, sid: str, ids: list[str], datas: list[bytes]) -> None:
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
@@ -631,7 +653,8 @@ class PostgresStore:
     def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
         """Follow a session (S26): ``LISTEN`` for appends, then read ``seq > last``.
 
-        A trigger NOTIFYs at each committed append. The listening connection
+        Every store NOTIFYs after each append it commits (rows written by
+        other means are found by the ``watch_interval`` read). The listening connection
         is the store's own, opened on ``listen_url`` (default: the store's
         URL). It must be a session connection: behind PgBouncer in
         transaction mode, point ``listen_url`` at PostgreSQL itself or at a
@@ -723,7 +746,8 @@ class PostgresStore:
                     cur = await conn.execute(self._q["append"], _append_params(sid, stored))
                 except psycopg.errors.UniqueViolation as exc:
                     raise _Repeated() from exc
-                return cur.rowcount
+            await self._notify(conn, sid)
+            return cur.rowcount
 
         try:
             await self._run("append_linear", sid, op)
