@@ -35,11 +35,13 @@ byte-identical.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -179,6 +181,56 @@ _ROW = "e.seq, e.kind, e.id, e.parent, e.ts, e.data"
 _DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
+class _Worker:
+    """The store's one thread: runs calls in order, answers each caller's event loop.
+
+    A queue and a callback into the caller's loop: half the cost of a round
+    trip through ``run_in_executor`` (measured 36 against 70 us on this
+    2-core machine under load), which is paid on every append.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any],
+                                            Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        with self._guard:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="threadline-sqlite",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put((loop, fut, fn))
+        return fut
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, fut, fn = job
+            if fut.cancelled():  # cancelled before it started: it never runs
+                continue
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # handed to the caller, as run_in_executor does
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                loop.call_soon_threadsafe(_settle, fut, result, error)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if error is None:
+        fut.set_result(result)
+    else:
+        fut.set_exception(error)
+
+
 def _record(row: tuple[Any, ...]) -> SessionRecord:
     return SessionRecord(id=row[0], parent_id=row[1], created_at=from_micros(row[2]))
 
@@ -220,7 +272,7 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._poisoned: BaseException | None = None
         self._closed = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="threadline-sqlite")
+        self._worker = _Worker()
         self._wakeups = Wakeups()
 
     def __repr__(self) -> str:
@@ -238,8 +290,7 @@ class SQLiteStore:
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._closed:
             raise StoreError(f"{self.path}: store is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, fn)
+        return await self._worker.call(lambda: self._run(fn))
 
     def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
@@ -485,12 +536,11 @@ class SQLiteStore:
                 self._conn.close()
                 self._conn = None
 
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, op)
+            await self._worker.call(op)
         finally:
             self._closed = True
-            self._executor.shutdown(wait=False)
+            self._worker.stop()
 
     watch_interval: float = 0.05
     """Seconds between two reads of a watched session that had nothing new."""
@@ -591,15 +641,16 @@ class SQLiteStore:
 
     def _insert(self, conn: sqlite3.Connection, sid: str, rows: Sequence[Row]) -> None:
         """Insert ``rows`` after the session's last entry (inside a write transaction)."""
-        row = conn.execute("SELECT key FROM sessions WHERE id = ?", (sid,)).fetchone()
-        if row is None:
-            raise SessionNotFound(sid, self.path)
+        # One statement per row, the session's key looked up in it: the
+        # fewer statements under the write lock, the sooner the next writer has it.
         insert = ("INSERT INTO entries (session, kind, id, parent, ts, data) "
-                  "VALUES (?, ?, ?, ?, ?, ?)")
+                  "SELECT key, ?, ?, ?, ?, ? FROM sessions WHERE id = ?")
         if len(rows) == 1:
-            conn.execute(insert, (row[0], *rows[0]))
+            added = conn.execute(insert, (*rows[0], sid)).rowcount
         else:
-            conn.executemany(insert, [(row[0], *r) for r in rows])
+            added = conn.executemany(insert, [(*r, sid) for r in rows]).rowcount
+        if added == 0:
+            raise SessionNotFound(sid, self.path)
 
     async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
         sid = check_session_id(session_id)
