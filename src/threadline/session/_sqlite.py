@@ -11,11 +11,12 @@ has been fsynced and survives power loss. ``synchronous="NORMAL"`` is the
 documented opt-in: still crash-safe for the process, but the last commits may
 be lost on power failure.
 
-Concurrency: appends run under ``BEGIN IMMEDIATE``, so the per-session
-sequence number is chosen while this connection holds the database's write
-lock. Other writers wait up to ``busy_timeout`` seconds. SQLite's write lock is
-not a queue: a waiter sleeps in the busy handler and checks again, and the
-default handler sleeps longer each time (1, 2, 5, 10 ... 100 ms). With several
+Concurrency: appends run under ``BEGIN IMMEDIATE``, so an entry's ``seq`` (its
+rowid, rising across the file) is taken while this connection holds the
+database's write lock, and append order is commit order. Other writers wait
+up to ``busy_timeout`` seconds. SQLite's write lock is not a queue: a waiter
+sleeps in the busy handler and checks again, and the default handler sleeps
+longer each time (1, 2, 5, 10 ... 100 ms). With several
 writing processes a waiter that has backed off sleeps through many hand-offs
 while the others keep taking the lock, so the latency tail grows far past a
 commit's cost. So the connection's own busy timeout is only a short slice
