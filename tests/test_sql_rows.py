@@ -39,7 +39,8 @@ def _entries() -> list[MessageEntry | CustomEntry[object]]:
     tools = MessageEntry(parent_id=naive.id, message=AssistantMessage(
         content=(ToolCall(id="c", name="f", arguments={"a": 1}),)))
     custom: CustomEntry[object] = CustomEntry(parent_id=tools.id, kind="k", data={"x": [1]})
-    return [root, odd, zero, offset, naive, tools, custom]
+    tricky = MessageEntry(parent_id=custom.id, message=UserMessage.of('"}]}}'))  # ends like one
+    return [root, odd, zero, offset, naive, tools, custom, tricky]
 
 
 def test_s38_rows_rebuild_each_line_exactly_and_compact_the_usual_ones() -> None:
@@ -50,10 +51,10 @@ def test_s38_rows_rebuild_each_line_exactly_and_compact_the_usual_ones() -> None
         assert decode_entry(expand(*row)) == decode_entry(line)
     kinds = [compact(e, encode_entry(e))[0] for e in _entries()]
     # A time in UTC is held as microseconds; one with an offset, or naive, keeps its line.
-    assert [bool(k) for k in kinds] == [True, True, True, False, False, True, True]
+    assert [bool(k) for k in kinds] == [True, True, True, False, False, True, True, True]
     text = MessageEntry(message=UserMessage.of("q" * 400))
     kind, _, _, _, data = compact(text, encode_entry(text))
-    assert KINDS[kind][1] and len(data) < 410  # the common start is held by the kind
+    assert KINDS[kind][1] and data == b"q" * 400  # the common start and end are the kind's
 
 
 def test_s38_a_line_that_would_not_rebuild_is_kept_whole() -> None:

@@ -2,7 +2,7 @@
 
 A line as the codec writes it starts with a header the row can hold in
 columns: ``{"type":T,"id":I[,"parent_id":P],"timestamp":TS`` then the rest.
-A row keeps ``kind`` (the type, and optionally a common start of the rest),
+A row keeps ``kind`` (the type, and optionally a common start and end of the rest),
 the ids as keys (16 bytes for a canonical UUID, see ``id_key``), the
 timestamp as integer microseconds, and ``data``: only what follows.
 
@@ -33,26 +33,27 @@ __all__ = ["KINDS", "Row", "compact", "decode_compact", "expand", "id_key", "id_
 
 VERBATIM = 0
 
-# (type, start of the rest after the timestamp). Item 0: the row's data is the whole line.
-KINDS: tuple[tuple[str, bytes], ...] = (
-    ("", b""),
-    ("message", b""),
-    ("compaction", b""),
-    ("branch_summary", b""),
-    ("custom", b""),
-    ("custom_message", b""),
-    ("message", b',"message":{"role":"user","content":[{"type":"text","text":"'),
-    ("message", b',"message":{"role":"assistant","content":[{"type":"text","text":"'),
+# (type, start and end of the rest after the timestamp). Item 0: data is the whole line.
+KINDS: tuple[tuple[str, bytes, bytes], ...] = (
+    ("", b"", b""),
+    ("message", b"", b""),
+    ("compaction", b"", b""),
+    ("branch_summary", b"", b""),
+    ("custom", b"", b""),
+    ("custom_message", b"", b""),
+    ("message", b',"message":{"role":"user","content":[{"type":"text","text":"', b'"}]}}'),
+    ("message", b',"message":{"role":"assistant","content":[{"type":"text","text":"',
+     b'"}]}}'),
 )
 
-_HEADS = [b'{"type":' + msgspec.json.encode(t) + b',"id":' for t, _ in KINDS]
+_HEADS = [b'{"type":' + msgspec.json.encode(t) + b',"id":' for t, _, _ in KINDS]
 # Per type: its kinds, longest start of the rest first.
 _BY_TYPE: dict[str, list[int]] = {}
-for _k, (_t, _start) in enumerate(KINDS):
+for _k, (_t, _, _) in enumerate(KINDS):
     if _k:
         _BY_TYPE.setdefault(_t, []).append(_k)
 for _ks in _BY_TYPE.values():
-    _ks.sort(key=lambda k: -len(KINDS[k][1]))
+    _ks.sort(key=lambda k: -len(KINDS[k][1]) - len(KINDS[k][2]))
 
 _encode = msgspec.json.Encoder().encode
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -98,9 +99,10 @@ def compact(entry: Entry, line: bytes) -> Row:
         if line.startswith(base):
             rest = line[len(base):]
             for kind in kinds:
-                start = KINDS[kind][1]
-                if rest.startswith(start):
-                    return kind, key, parent, ts, rest[len(start):]
+                _, start, end = KINDS[kind]
+                if (rest.startswith(start) and rest.endswith(end)
+                        and len(rest) >= len(start) + len(end)):
+                    return kind, key, parent, ts, rest[len(start):len(rest) - len(end)]
     return VERBATIM, key, parent, None, line
 
 
@@ -110,7 +112,8 @@ def expand(kind: int, key: bytes, parent: bytes | None, ts: int | None, data: by
         return data
     if ts is None or not 0 < kind < len(KINDS):
         raise ValueError(f"kind {kind} with timestamp {ts!r} is not a row this version wrote")
-    return _header(kind, id_text(key), None if parent is None else id_text(parent), ts) + data
+    return (_header(kind, id_text(key), None if parent is None else id_text(parent), ts)
+            + data + KINDS[kind][2])
 
 
 def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -> EntryLog:
