@@ -99,9 +99,9 @@ def _open(kind: str, target: str, schema: str) -> Store:
 def _floor_op(kind: str, target: str, schema: str, sids: list[str],
               line: bytes) -> Callable[[str, int], None]:
     """One bare durable write of ``line``, the way the backend does it at its cheapest."""
-    kind, key, parent, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
+    code, key, parent, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
     # Every stored entry but a root has a parent: so does every floor row.
-    row = (kind, key, key if parent is None else parent, ts, data)
+    row = (code, key, key if parent is None else parent, ts, data)
     if kind == "postgres":
         conn = psycopg.connect(target, autocommit=True)
         query = (f"INSERT INTO {schema}.floor (seq, ts, kind, session_id, entry_id, parent_id, "
