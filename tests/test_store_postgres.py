@@ -361,3 +361,27 @@ async def test_closed_store_refuses_work_and_keeps_its_pool_closed(
     with pytest.raises(StoreError, match="closed"):
         await never_used.load_entries("s")
     assert never_used.pool.closed
+
+
+async def test_s26_appender_that_saw_no_listener_notifies_a_watcher_that_came_later(
+    pg_url: str, pg_schema: str
+) -> None:
+    # The appender skips NOTIFY while no store listens, and looks again within
+    # a quarter of a second: a watcher that starts later is woken by NOTIFY
+    # (polling is pushed out of the way), not left to its next read.
+    async with PostgresStore(pg_url, schema=pg_schema) as appender, \
+            PostgresStore(pg_url, schema=pg_schema) as watcher:
+        await appender.create_session(SessionRecord(id="late"))
+        first = _entry("nobody listens yet")
+        await appender.append_entries("late", [first])
+        await appender.append_entries("late", [_entry("still nobody", first.id)])
+        watcher.watch_interval = 3600
+        watch = watcher.watch("late")
+        assert (await asyncio.wait_for(anext(watch), 30)).id == first.id
+        await anext(watch)
+        pending = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.5)  # the listener connects; the appender's view expires
+        third = _entry("now somebody does")
+        await appender.append_entries("late", [third])
+        assert (await asyncio.wait_for(pending, 30)).id == third.id
+        await watch.aclose()  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
@@ -231,7 +232,10 @@ _Q = {
     # After an append has committed, in a transaction of its own that need not
     # wait for its WAL flush (losing a notification in a crash is harmless:
     # watchers also poll), so the notify lock is held for microseconds.
-    "notify": "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s)",
+    # It also says whether any store's LISTEN connection (named by its
+    # application_name) is still there.
+    "notify": "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s), "
+              "EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s)",
     "stored_batch": "SELECT seq, kind, entry_id, parent_id, ts, data FROM {s}.entries "
                     "WHERE session_id = %s AND entry_id = ANY(%s::bytea[])",
     # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
@@ -244,6 +248,10 @@ _Q = {
              "WHERE a.session_id = %s AND a.entry_id = %s "
              "AND e.session_id = a.session_id AND e.seq >= a.seq ORDER BY e.seq",
 }
+
+
+# Seconds an appender that saw no listener waits before it looks again.
+_QUIET = 0.25
 
 
 class _Repeated(Exception):
@@ -338,6 +346,10 @@ class PostgresStore:
         self._listen_url = listen_url or (conninfo if isinstance(conninfo, str) else None)
         self._channel = "threadline_" + hashlib.md5(schema.encode()).hexdigest()[:16]
         self._wakeups = Wakeups()
+        self._listener_name = "threadline-listen-" + self._channel
+        # Whether some process listens on the channel, and when that was learnt.
+        self._listened = True
+        self._listened_at = -1e9
         # A psycopg pool belongs to the event loop that opened it. A store
         # that made its own pool makes one per loop it is used from (S33);
         # the first loop gets ``self._pool``.
@@ -557,10 +569,20 @@ class PostgresStore:
             # A pool's own transaction: notify inside it (its commit stays synchronous).
             await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
             return
+        # With nobody listening, skip the round trip; look again every
+        # _QUIET seconds. A watcher that starts meanwhile still gets the entry
+        # from its next read, at most watch_interval later.
+        if not self._listened and time.monotonic() - self._listened_at < _QUIET:
+            return
         try:
-            await conn.execute(self._q["notify"], (self._channel, payload))
+            cur = await conn.execute(self._q["notify"],
+                                     (self._channel, payload, self._listener_name))
+            row = await cur.fetchone()
         except psycopg.Error as exc:  # the append is stored; watchers' polls will see it
             log.debug("%s: NOTIFY for session %r failed: %s", self._where, sid, exc)
+            return
+        self._listened = bool(row and row[2])
+        self._listened_at = time.monotonic()
 
     async def _check_retried(self, sid: str, ids: list[str], datas: list[bytes]) -> None:
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
@@ -700,9 +722,11 @@ class PostgresStore:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
+                    url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name=self._listener_name)  # how appenders see a listener
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self._listened, self._listened_at = True, time.monotonic()
                     delay = 0.05
                     # Appends made while nobody listened: every watcher reads again.
                     # (Notifications that arrive before the generator runs wait in
