@@ -675,8 +675,10 @@ class PostgresStore:
     def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
         """Follow a session (S26): ``LISTEN`` for appends, then read ``seq > last``.
 
-        Every store NOTIFYs after each append it commits (rows written by
-        other means are found by the ``watch_interval`` read). The listening connection
+        Every store NOTIFYs after each append it commits while some store
+        listens (rows written by other means, and appends made in the 0.25 s
+        before an appender notices a new listener, are found by the
+        ``watch_interval`` read). The listening connection
         is the store's own, opened on ``listen_url`` (default: the store's
         URL). It must be a session connection: behind PgBouncer in
         transaction mode, point ``listen_url`` at PostgreSQL itself or at a
