@@ -18,6 +18,17 @@ the lock's unfairness rather than the store.)
   write lock (short busy-handler slices, retried), no executor hop;
 - file: write() of the same line + fdatasync() on a per-session file.
 
+The SQL floors write the store's own row for the entry (``session/_rows.py``)
+into a table built like the store's ``entries`` (same columns, same indexes),
+so store and floor write the same bytes.
+
+Two more tables, same run:
+- one process, one session, appends one after another against the bare loop
+  of the floor's write, in alternating blocks (median of the paired ratios);
+- bytes stored for the ``bench/peers.py`` workload (400-character messages of
+  random base64, user and assistant in turn) over the raw payload, at two
+  sizes, and the bytes each further entry adds (fixed per-table pages cancel).
+
 A second, small table compares ``bytea`` and ``jsonb`` for the entries column
 (bytes on disk, load time, byte-identical round trip), the measurement behind
 the PostgresStore's column type.
@@ -36,10 +47,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import multiprocessing
 import os
 import platform
+import random
 import secrets
 import shutil
 import sqlite3
@@ -63,6 +76,7 @@ from threadline.session import (
     Store,
 )
 from threadline.session._codec import encode_entry
+from threadline.session._rows import compact
 from threadline.session._sqlite import _BUSY_SLICE
 
 PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -85,12 +99,17 @@ def _open(kind: str, target: str, schema: str) -> Store:
 def _floor_op(kind: str, target: str, schema: str, sids: list[str],
               line: bytes) -> Callable[[str, int], None]:
     """One bare durable write of ``line``, the way the backend does it at its cheapest."""
+    code, key, parent, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
+    # Every stored entry but a root has a parent: so does every floor row.
+    row = (code, key, key if parent is None else parent, ts, data)
     if kind == "postgres":
         conn = psycopg.connect(target, autocommit=True)
-        query = f"INSERT INTO {schema}.floor (session_id, seq, data) VALUES (%s, %s, %s)"
+        query = (f"INSERT INTO {schema}.floor (seq, ts, kind, session_id, entry_id, parent_id, "
+                 f"data) VALUES (%s, %s, %s, %s, %s, %s, %s)")
 
         def pg(sid: str, n: int) -> None:
-            conn.execute(query, (sid, n, line))
+            conn.execute(query, (n, row[3], row[0], sid, row[1][:12] + n.to_bytes(4), row[2],
+                                 row[4]))
 
         return pg
     if kind == "sqlite":
@@ -109,10 +128,15 @@ def _floor_op(kind: str, target: str, schema: str, sids: list[str],
                     if "locked" not in str(exc):
                         raise
 
+        # "w3-s7" -> 3007: a key per session, as the store's sessions.key.
+        keys = {sid: int(sid[1:sid.index("-")]) * 1000 + int(sid.rsplit("s", 1)[1])
+                for sid in sids}
+
         def lite(sid: str, n: int) -> None:
             begin()
-            conn3.execute("INSERT INTO floor (session_id, seq, data) VALUES (?, ?, ?)",
-                          (sid, n, line))
+            conn3.execute("INSERT INTO floor (session, kind, id, parent, ts, data) "
+                          "VALUES (?, ?, ?, ?, ?, ?)",
+                          (keys[sid], row[0], row[1][:12] + n.to_bytes(4), row[2], row[3], row[4]))
             conn3.execute("COMMIT")
 
         return lite
@@ -211,14 +235,110 @@ async def _verify(kind: str, target: str, schema: str, acked: dict[str, list[str
 
 
 def _prepare_floor(kind: str, target: str, schema: str) -> None:
+    """A floor table built like the store's ``entries``: same columns, same indexes."""
     if kind == "postgres":
         with psycopg.connect(target, autocommit=True) as conn:
-            conn.execute(f"CREATE TABLE {schema}.floor (session_id text, seq bigint, "
-                         f"data bytea NOT NULL, PRIMARY KEY (session_id, seq))")
+            conn.execute(f"CREATE TABLE {schema}.floor (seq bigint NOT NULL, ts bigint, "
+                         f"kind smallint NOT NULL, session_id text COLLATE \"C\" NOT NULL, "
+                         f"entry_id bytea NOT NULL, parent_id bytea, data bytea NOT NULL, "
+                         f"PRIMARY KEY (session_id, seq), UNIQUE (session_id, entry_id))")
     elif kind == "sqlite":
         with sqlite3.connect(target) as conn:
-            conn.execute("CREATE TABLE floor (session_id TEXT, seq INTEGER, data BLOB NOT NULL, "
-                         "PRIMARY KEY (session_id, seq)) WITHOUT ROWID")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE floor (seq INTEGER PRIMARY KEY, session INTEGER NOT NULL, "
+                         "kind INTEGER NOT NULL, id BLOB NOT NULL, parent BLOB, ts INTEGER, "
+                         "data BLOB NOT NULL)")
+            conn.execute("CREATE UNIQUE INDEX floor_id ON floor (session, id)")
+            conn.execute("CREATE INDEX floor_order ON floor (session)")
+
+
+async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
+                      block: int = 25) -> dict[str, Any]:
+    """One process appending to one session, one entry at a time, against the bare
+    floor write in alternating blocks (which goes first alternates too)."""
+    store = _open(kind, target, schema)
+    await store.create_session(SessionRecord(id="solo"))
+    floor_sid = "w0-s999"  # a floor session of its own (key 999)
+    floor = _floor_op(kind, target, schema, [floor_sid], encode_entry(_entry(None, 0, 0)))
+    parent: str | None = None
+    n = 10_000_000
+    store_us: list[float] = []
+    floor_us: list[float] = []
+    for r in range(rounds):
+        for part in ((0, 1) if r % 2 == 0 else (1, 0)):
+            t0 = time.perf_counter()
+            if part == 0:
+                for _ in range(block):
+                    entry = _entry(parent, 0, r)
+                    await store.append_entries("solo", [entry])
+                    parent = entry.id
+                store_us.append((time.perf_counter() - t0) / block * 1e6)
+            else:
+                for _ in range(block):
+                    floor(floor_sid, n)
+                    n += 1
+                floor_us.append((time.perf_counter() - t0) / block * 1e6)
+    await store.close()  # type: ignore[attr-defined]
+    ratios = [f / st for f, st in zip(floor_us, store_us, strict=True)]
+    return {"rounds": rounds, "block": block, "store_us": statistics.median(store_us),
+            "floor_us": statistics.median(floor_us), "rate_vs_floor": statistics.median(ratios),
+            "ratios_min_max": [min(ratios), max(ratios)]}
+
+
+def _peers_texts(count: int, seed: int = 7) -> list[str]:
+    """``bench/peers.py``'s payloads: 400 characters of base64 of random bytes."""
+    rng = random.Random(seed)
+    return [base64.b64encode(rng.randbytes(300)).decode() for _ in range(count)]
+
+
+def _schema_bytes(schema: str) -> int:
+    """Heap + TOAST + indexes of every table in ``schema`` after VACUUM, as peers.py counts."""
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        for (table,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s",
+                                     (schema,)).fetchall():
+            conn.execute(psycopg.sql.SQL("VACUUM {}").format(psycopg.sql.Identifier(schema,
+                                                                                 table)))
+        row = conn.execute("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM "
+                           "pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                           "WHERE n.nspname = %s AND c.relkind = 'r'", (schema,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _sqlite_bytes(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+async def stored_bytes(kind: str, work: Path, schema: str,
+                       ns: tuple[int, int] = (800, 3200)) -> dict[str, Any]:
+    """Bytes stored over raw payload for the peers workload, at two sizes."""
+    texts = _peers_texts(max(ns))
+    out: dict[str, Any] = {}
+    for n in ns:
+        target = str(work / f"bytes-{n}.db") if kind == "sqlite" else PG_URL
+        where = f"{schema}_b{n}"
+        store = _open(kind, target, where)
+        await store.create_session(SessionRecord(id="bench"))
+        parent = None
+        for i, text in enumerate(texts[:n]):
+            msg: Any = (UserMessage.of(text) if i % 2 == 0
+                        else AssistantMessage(content=(TextPart(text=text),)))
+            entry = MessageEntry(parent_id=parent, message=msg)
+            await store.append_entries("bench", [entry])
+            parent = entry.id
+        await store.close()  # type: ignore[attr-defined]
+        size = _sqlite_bytes(Path(target)) if kind == "sqlite" else _schema_bytes(where)
+        if kind == "postgres":
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {where} CASCADE")
+        payload = sum(len(t.encode()) for t in texts[:n])
+        out[str(n)] = {"payload_bytes": payload, "stored_bytes": size, "ratio": size / payload}
+    a, b = (out[str(n)] for n in ns)
+    out["marginal_ratio"] = ((b["stored_bytes"] - a["stored_bytes"])
+                             / (b["payload_bytes"] - a["payload_bytes"]))
+    return out
 
 
 _decode = msgspec.json.Decoder().decode
@@ -271,7 +391,10 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=100)
     ap.add_argument("--floor-every", type=int, default=5,
                     help="one floor write after every Nth append")
+    ap.add_argument("--stores", default="sqlite,postgres,file",
+                    help="comma-separated: which stores to run")
     args = ap.parse_args()
+    chosen = args.stores.split(",")
 
     schema = f"tl_bench_{secrets.token_hex(4)}"
     work = Path(tempfile.mkdtemp(prefix="tl-bench-", dir=os.environ.get("BENCH_DIR")))
@@ -280,7 +403,7 @@ def main() -> None:
         "appends_per_session": args.appends, "floor_every": args.floor_every,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "sqlite": sqlite3.sqlite_version, "platform": platform.platform()},
-        "stores": {},
+        "stores": {}, "one_process": {}, "bytes": {},
     }
     try:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
@@ -292,6 +415,8 @@ def main() -> None:
             "file": str(work / "files"),
         }
         for kind, target in targets.items():
+            if kind not in chosen:
+                continue
             if kind == "file":
                 os.makedirs(target, exist_ok=True)
             print(f"{kind}: {args.processes} x {args.sessions} x {args.appends} appends ...",
@@ -308,8 +433,14 @@ def main() -> None:
                 "p50_vs_floor": store["p50_us"] / floor["p50_us"],
                 "throughput_vs_floor": store["ops_per_s"] / floor["ops_per_s"],
             }
-        print("storage format ...", flush=True)
-        results["postgres_entry_column"] = storage_format(schema)
+            if kind != "file":
+                print(f"{kind}: one process ...", flush=True)
+                results["one_process"][kind] = asyncio.run(one_process(kind, target, schema))
+                print(f"{kind}: bytes stored ...", flush=True)
+                results["bytes"][kind] = asyncio.run(stored_bytes(kind, work, schema))
+        if "postgres" in chosen:
+            print("storage format ...", flush=True)
+            results["postgres_entry_column"] = storage_format(schema)
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -337,6 +468,23 @@ def _print(r: dict[str, Any]) -> None:
               f"{st['p99_us'] / 1000:>8.2f} {st['lost']:>5} | {fl['ops_per_s']:>9,.0f} "
               f"{fl['p50_us'] / 1000:>9.2f} {fl['p99_us'] / 1000:>9.2f} | "
               f"{s['p50_vs_floor']:>11.2f} {s['throughput_vs_floor']:>13.2f}")
+    if r["one_process"]:
+        print("\nOne process, one session, one entry per append, alternating blocks with "
+              "the bare floor write")
+        print(f"{'store':9} {'store us':>9} {'floor us':>9} {'rate vs floor':>14} "
+              f"{'(min..max)':>12}")
+        for kind, o in r["one_process"].items():
+            lo, hi = o["ratios_min_max"]
+            print(f"{kind:9} {o['store_us']:>9.0f} {o['floor_us']:>9.0f} "
+                  f"{o['rate_vs_floor']:>14.2f} {lo:>5.2f}..{hi:<5.2f}")
+    if r["bytes"]:
+        print("\nBytes stored / raw payload, bench/peers.py workload (400-char base64 messages)")
+        for kind, b in r["bytes"].items():
+            sizes = "  ".join(f"N={n}: {v['ratio']:.3f}x" for n, v in b.items()
+                              if isinstance(v, dict))
+            print(f"{kind:9} {sizes}  each further entry: {b['marginal_ratio']:.3f}x")
+    if "postgres_entry_column" not in r:
+        return
     f = r["postgres_entry_column"]
     print(f"\nPostgreSQL entry column, {f['rows']} entries ({f['payload_bytes']:,} bytes of "
           f"JSON), one session:")

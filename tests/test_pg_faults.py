@@ -35,6 +35,7 @@ from threadline.ai._messages import UserMessage
 from threadline.durable import DurableAgent, RunEvent, StoredMessageEnd
 from threadline.errors import StoreUnavailable
 from threadline.session import PostgresStore
+from threadline.session._rows import id_text
 from threadline.testing import ScriptedModel, Turn
 
 
@@ -44,7 +45,7 @@ def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
 
 
 def _stored_ids(url: str, schema: str, session_id: str) -> list[str]:
-    return [i for (i,) in _rows(url, f"SELECT entry_id FROM {schema}.entries "
+    return [id_text(i) for (i,) in _rows(url, f"SELECT entry_id FROM {schema}.entries "
                                      f"WHERE session_id = %s ORDER BY seq", session_id)]
 
 

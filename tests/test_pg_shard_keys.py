@@ -24,11 +24,11 @@ ALL_SESSIONS = ("list_first", "list_after")
 
 PARAMS: dict[str, Any] = {
     "load": ("s",), "session": ("s",), "delete_session": ("s",), "delete_entries": ("s",),
-    "stored_batch": ("s", ["a", "b"]), "watch_start": {"sid": "s", "after": "a"},
+    "stored_batch": ("s", [b"\0a", b"\0b"]), "watch_start": {"sid": "s", "after": b"\0a"},
     "watch_read": ("s", 0), "list_first": (10,),
     "list_after": ("2024-01-01T00:00:00Z", "s", 10),
-    "append": {"sid": "s", "n": 1, "ids": ["a"], "parents": [None], "types": ["message"],
-               "datas": [b"{}"]},
+    "append": {"sid": "s", "n": 1, "kinds": [0], "ids": [b"\0a"], "parents": [None],
+               "ts": [None], "datas": [b"{}"]},
 }
 
 

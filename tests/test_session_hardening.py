@@ -259,7 +259,9 @@ async def test_s16_sqlite_row_no_store_writes_is_corrupt_log_with_row(
     await store.create_session(SessionRecord(id="bad"))
     await store.close()
     with sqlite3.connect(db) as conn:
-        conn.execute("INSERT INTO entries VALUES ('bad', 1, 'x', NULL, 'custom', ?)", (line,))
+        # A whole-line row (kind 0) of the one session (key 1).
+        conn.execute("INSERT INTO entries (session, kind, id, data) "
+                     "VALUES (1, 0, X'0078', ?)", (line,))
     store = SQLiteStore(db)
     with pytest.raises(CorruptLog, match=r"row \(session_id='bad', seq=1\)"):
         await store.load_entries("bad")

@@ -61,8 +61,9 @@ async def test_sqlite_undecodable_row_names_file_table_and_row(tmp_path: Path) -
     await store.create_session(SessionRecord(id="user-42"))
     await store.close()
     with sqlite3.connect(path) as raw:
-        raw.execute("INSERT INTO entries (session_id, seq, id, parent_id, type, data) "
-                    "VALUES ('user-42', 1, 'e1', NULL, 'message', ?)", (b'not json at all',))
+        # A whole-line row (kind 0) of the one session (key 1).
+        raw.execute("INSERT INTO entries (session, kind, id, data) "
+                    "VALUES (1, 0, X'006531', ?)", (b'not json at all',))
     store = SQLiteStore(path)
     with pytest.raises(CorruptLog) as info:
         await store.load_entries("user-42")

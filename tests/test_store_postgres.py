@@ -22,6 +22,7 @@ from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreEr
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
 from threadline.session._codec import encode_entry
 from threadline.session._postgres import MIGRATIONS
+from threadline.session._rows import id_key, id_text
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener, check_concurrent_log
 
@@ -40,10 +41,15 @@ class TestPostgresStore(StoreConformance):
                                  max_size=2)
 
     async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
-        _rows(self.pg_url, f"INSERT INTO {self.pg_schema}.entries (session_id, seq, entry_id, "
-              f"type, data) SELECT %s, coalesce(max(seq), 0) + 1, %s, 'message', %s FROM "
-              f"{self.pg_schema}.entries WHERE session_id = %s",
-              session_id, new_id(), data, session_id)
+        insert_raw_row(self.pg_url, self.pg_schema, session_id, data)
+
+
+def insert_raw_row(url: str, schema: str, session_id: str, data: bytes) -> None:
+    """Store ``data`` as a whole line (row kind 0), as if another program wrote it."""
+    _rows(url, f"WITH s AS (UPDATE {schema}.sessions SET next_seq = next_seq + 1 "
+          f"WHERE session_id = %s RETURNING next_seq) INSERT INTO {schema}.entries "
+          f"(seq, kind, session_id, entry_id, data) SELECT s.next_seq, 0, %s, %s, %s FROM s",
+          session_id, session_id, id_key(new_id()), data)
 
 
 def _entry(text: str, parent: str | None = None) -> MessageEntry:
@@ -102,7 +108,7 @@ async def test_a_schema_at_version_2_migrates_to_3_and_keeps_its_sessions(
         assert [e.id for e in await store.load_entries("old")] == [first.id]
         versions = _rows(pg_url, f"SELECT version FROM {pg_schema}.schema_migrations "
                                  f"ORDER BY version")
-        assert [v for (v,) in versions] == [1, 2, 3]
+        assert [v for (v,) in versions] == [v for v, _ in MIGRATIONS]
         # Version 3's trigger wakes a watcher: with polling pushed out of the
         # way, the entry can only arrive through NOTIFY.
         store.watch_interval = 3600
@@ -198,7 +204,7 @@ async def check_processes_keep_one_order(
         seqs = _rows(pg_url, f"SELECT seq, entry_id FROM {pg_schema}.entries "
                              f"WHERE session_id = 'hot' ORDER BY seq")
         assert [s for s, _ in seqs] == list(range(1, len(loaded) + 1))
-        assert [i for _, i in seqs] == [e.id for e in loaded]
+        assert [id_text(i) for _, i in seqs] == [e.id for e in loaded]
         writer_of = {i: w for w, chain in enumerate(chains) for i in chain}
         runs = sum(1 for a, b in itertools.pairwise(loaded)
                    if writer_of[a.id] != writer_of[b.id])
@@ -355,3 +361,27 @@ async def test_closed_store_refuses_work_and_keeps_its_pool_closed(
     with pytest.raises(StoreError, match="closed"):
         await never_used.load_entries("s")
     assert never_used.pool.closed
+
+
+async def test_s26_appender_that_saw_no_listener_notifies_a_watcher_that_came_later(
+    pg_url: str, pg_schema: str
+) -> None:
+    # The appender skips NOTIFY while no store listens, and looks again within
+    # a quarter of a second: a watcher that starts later is woken by NOTIFY
+    # (polling is pushed out of the way), not left to its next read.
+    async with PostgresStore(pg_url, schema=pg_schema) as appender, \
+            PostgresStore(pg_url, schema=pg_schema) as watcher:
+        await appender.create_session(SessionRecord(id="late"))
+        first = _entry("nobody listens yet")
+        await appender.append_entries("late", [first])
+        await appender.append_entries("late", [_entry("still nobody", first.id)])
+        watcher.watch_interval = 3600
+        watch = watcher.watch("late")
+        assert (await asyncio.wait_for(anext(watch), 30)).id == first.id
+        await anext(watch)
+        pending = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.5)  # the listener connects; the appender's view expires
+        third = _entry("now somebody does")
+        await appender.append_entries("late", [third])
+        assert (await asyncio.wait_for(pending, 30)).id == third.id
+        await watch.aclose()  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ import pytest
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, SessionNotFound, StoreError
 from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, new_id
+from threadline.session._rows import id_key
 from threadline.session._sqlite import MIGRATIONS
 from threadline.testing import StoreConformance
 
@@ -27,9 +28,14 @@ class TestSQLiteStore(StoreConformance):
 
     async def write_stored(self, store: Store, session_id: str, data: bytes) -> None:
         with _raw(self._tmp_path / "sessions.db") as conn:
-            conn.execute("INSERT INTO entries (session_id, seq, id, type, data) SELECT ?, "
-                         "coalesce(max(seq), 0) + 1, ?, 'message', ? FROM entries "
-                         "WHERE session_id = ?", (session_id, new_id(), data, session_id))
+            insert_raw_row(conn, session_id, data)
+
+
+def insert_raw_row(conn: sqlite3.Connection, session_id: str, data: bytes,
+                   entry_id: str | None = None) -> None:
+    """Store ``data`` as a whole line (row kind 0), as if another program wrote it."""
+    conn.execute("INSERT INTO entries (session, kind, id, data) SELECT key, 0, ?, ? "
+                 "FROM sessions WHERE id = ?", (id_key(entry_id or new_id()), data, session_id))
 
 
 def _entry(text: str, parent: str | None = None) -> MessageEntry:

@@ -17,10 +17,14 @@ no append is lost. Appenders to different sessions never wait for each other.
 The counter is bookkeeping: the record fields (id, parent_id, created_at) are
 still written once and never changed (S6).
 
-Entries are stored as ``bytea`` holding the codec's exact bytes (measured in
-``bench/sql_stores.py`` against ``jsonb``: bytea is smaller on disk for these
-small documents, loads faster, and round-trips byte for byte, which ``jsonb``
-does not since it reorders keys and drops whitespace).
+Entries are compact rows (``session/_rows.py``, schema version 4): ids as
+16-byte ``bytea`` keys, the timestamp as microseconds, and only the rest of
+the codec's line in ``data`` (``bytea``: measured in ``bench/sql_stores.py``
+against ``jsonb``, it is smaller on disk, loads faster, and round-trips byte
+for byte, which ``jsonb`` does not). A line that would not come back byte for
+byte from that is kept whole. ``session_id`` stays a column of ``entries``
+rather than an integer key: it is the shard key, and for short session ids
+it costs no more than a ``bigint`` would after alignment.
 
 Behind PgBouncer (transaction pooling) pass ``prepare_threshold=None`` so no
 server-side prepared statement outlives a transaction.
@@ -33,6 +37,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
@@ -41,14 +46,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from threadline.errors import (
     ConfigError,
+    CorruptLog,
     SessionExists,
     SessionNotFound,
     StoreError,
     StoreUnavailable,
     missing_extra,
 )
-from threadline.session._codec import encode_entry
+from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
+from threadline.session._rows import compact, decode_compact, id_key, id_text, row_line
 from threadline.session._store import (
     EntryLog,
     SessionPage,
@@ -62,8 +69,6 @@ from threadline.session._storekit import (
     check_record,
     check_retried_batch,
     check_session_id,
-    decode_rows,
-    entry_type,
     page_fetched,
 )
 from threadline.session._watch import Wakeups, follow, unknown_after
@@ -85,7 +90,67 @@ Conn = psycopg.AsyncConnection[Any]
 # Append-only: a released version is never edited, a change is a new version.
 # ``{s}`` is the schema. COLLATE "C" orders ids by code point, as the other
 # stores do, whatever the database's locale.
-MIGRATIONS: tuple[tuple[int, str], ...] = (
+async def _compact_rows(conn: Conn, s: sql.Identifier) -> None:
+    """Version 4: version 3's entries moved into compact rows (``session/_rows.py``).
+
+    It also drops version 3's NOTIFY trigger: a transaction that notifies
+    holds PostgreSQL's one notify lock through its commit, WAL flush
+    included, so appends to different sessions could no longer share a
+    flush (measured in ``bench/sql_stores.py``). The store notifies after the
+    commit instead (``PostgresStore._notify``).
+
+    Runs in the migration's transaction under its advisory lock, so a second
+    process waits, then finds version 4 recorded.
+    """
+    for stmt in _V4.split(";\n"):
+        if stmt.strip():
+            await conn.execute(sql.SQL(stmt).format(s=s))
+    insert = sql.SQL("INSERT INTO {s}.entries_v4 (seq, ts, kind, session_id, entry_id, "
+                     "parent_id, data) VALUES (%s, %s, %s, %s, %s, %s, %s)").format(s=s)
+    async with conn.cursor(name="threadline_v4") as old:
+        await old.execute(sql.SQL("SELECT session_id, seq, entry_id, parent_id, data "
+                                  "FROM {s}.entries").format(s=s))
+        while batch := await old.fetchmany(1000):
+            async with conn.cursor() as cur:
+                await cur.executemany(insert, [(seq, *_v4_row(sid, entry_id, parent, data))
+                                               for sid, seq, entry_id, parent, data in batch])
+    for stmt in _V4_SWAP.split(";\n"):
+        if stmt.strip():
+            await conn.execute(sql.SQL(stmt).format(s=s))
+
+
+def _v4_row(sid: str, entry_id: str, parent_id: str | None, data: bytes) -> tuple[Any, ...]:
+    """(ts, kind, session_id, id, parent, data) for a version 3 row."""
+    try:
+        kind, key, parent, ts, rest = compact(decode_entry(data), bytes(data))
+    except CorruptLog:  # kept as it was, to be reported when loaded
+        kind, key, parent, ts, rest = (0, id_key(entry_id), None if parent_id is None
+                                       else id_key(parent_id), None, data)
+    return ts, kind, sid, key, parent, rest
+
+
+# Fixed-width columns first, so no row pays for alignment padding.
+_V4 = """
+CREATE TABLE {s}.entries_v4 (
+    seq bigint NOT NULL,
+    ts bigint,
+    kind smallint NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    entry_id bytea NOT NULL,
+    parent_id bytea,
+    data bytea NOT NULL
+)
+"""
+
+_V4_SWAP = """
+DROP TABLE {s}.entries;
+DROP FUNCTION {s}.notify_append();
+ALTER TABLE {s}.entries_v4 RENAME TO entries;
+ALTER TABLE {s}.entries ADD CONSTRAINT entries_pkey PRIMARY KEY (session_id, seq);
+ALTER TABLE {s}.entries ADD CONSTRAINT entries_session_id_entry_id_key UNIQUE (session_id, entry_id)
+"""
+
+MIGRATIONS: tuple[tuple[int, str | Callable[[Conn, sql.Identifier], Awaitable[None]]], ...] = (
     (
         1,
         """
@@ -130,6 +195,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
             FOR EACH STATEMENT EXECUTE FUNCTION {s}.notify_append();
         """,  # noqa: E501
     ),
+    (4, _compact_rows),
 )
 
 _Q = {
@@ -139,11 +205,13 @@ _Q = {
     # its RETURNING numbers the new entries.
     "append": "WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s "
               "WHERE session_id = %(sid)s RETURNING next_seq - %(n)s AS base) "
-              "INSERT INTO {s}.entries (session_id, seq, entry_id, parent_id, type, data) "
-              "SELECT %(sid)s, s.base + e.ord, e.entry_id, e.parent_id, e.type, e.data "
-              "FROM s, unnest(%(ids)s::text[], %(parents)s::text[], %(types)s::text[], "
-              "%(datas)s::bytea[]) WITH ORDINALITY AS e(entry_id, parent_id, type, data, ord)",
-    "load": "SELECT e.seq, e.data FROM {s}.sessions s LEFT JOIN {s}.entries e "
+              "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, data) "
+              "SELECT s.base + e.ord, e.ts, e.kind, %(sid)s, e.entry_id, e.parent_id, e.data "
+              "FROM s, unnest(%(kinds)s::smallint[], %(ids)s::bytea[], %(parents)s::bytea[], "
+              "%(ts)s::bigint[], %(datas)s::bytea[]) "
+              "WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, data, ord)",
+    "load": "SELECT e.seq, e.kind, e.entry_id, e.parent_id, e.ts, e.data "
+            "FROM {s}.sessions s LEFT JOIN {s}.entries e "
             "ON e.session_id = s.session_id WHERE s.session_id = %s ORDER BY e.seq",
     "session": "SELECT session_id, parent_id, created_at FROM {s}.sessions "
                "WHERE session_id = %s",
@@ -159,19 +227,31 @@ _Q = {
     "watch_start": "SELECT (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s), "
                    "(SELECT seq FROM {s}.entries WHERE session_id = %(sid)s "
                    "AND entry_id = %(after)s)",
-    "watch_read": "SELECT seq, data FROM {s}.entries WHERE session_id = %s AND seq > %s "
-                  "ORDER BY seq LIMIT 1000",
-    "stored_batch": "SELECT entry_id, seq, data FROM {s}.entries "
-                    "WHERE session_id = %s AND entry_id = ANY(%s::text[])",
+    "watch_read": "SELECT seq, kind, entry_id, parent_id, ts, data FROM {s}.entries "
+                  "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT 1000",
+    # After an append has committed, in a transaction of its own that need not
+    # wait for its WAL flush (losing a notification in a crash is harmless:
+    # watchers also poll), so the notify lock is held for microseconds.
+    # It also says whether any store's LISTEN connection (named by its
+    # application_name) is still there.
+    "notify": "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s), "
+              "EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s)",
+    "stored_batch": "SELECT seq, kind, entry_id, parent_id, ts, data FROM {s}.entries "
+                    "WHERE session_id = %s AND entry_id = ANY(%s::bytea[])",
     # The last entry is numbered next_seq (an append of n takes base+1 .. base+n).
     "lock_session": "SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR UPDATE",
     "entry_at": "SELECT entry_id FROM {s}.entries WHERE session_id = %s AND seq = %s",
     "parent_of": "SELECT parent_id FROM {s}.entries WHERE session_id = %s AND entry_id = %s",
     # The entry's own row first (so an empty result means it is not there), then those after it.
-    "after": "SELECT e.seq, e.data FROM {s}.entries e, {s}.entries a "
+    "after": "SELECT e.seq, e.kind, e.entry_id, e.parent_id, e.ts, e.data "
+             "FROM {s}.entries e, {s}.entries a "
              "WHERE a.session_id = %s AND a.entry_id = %s "
              "AND e.session_id = a.session_id AND e.seq >= a.seq ORDER BY e.seq",
 }
+
+
+# Seconds an appender that saw no listener waits before it looks again.
+_QUIET = 0.25
 
 
 class _Repeated(Exception):
@@ -266,6 +346,10 @@ class PostgresStore:
         self._listen_url = listen_url or (conninfo if isinstance(conninfo, str) else None)
         self._channel = "threadline_" + hashlib.md5(schema.encode()).hexdigest()[:16]
         self._wakeups = Wakeups()
+        self._listener_name = "threadline-listen-" + self._channel
+        # Whether some process listens on the channel, and when that was learnt.
+        self._listened = True
+        self._listened_at = -1e9
         # A psycopg pool belongs to the event loop that opened it. A store
         # that made its own pool makes one per loop it is used from (S33);
         # the first loop gets ``self._pool``.
@@ -343,9 +427,12 @@ class PostgresStore:
             current = int(row[0]) if row else 0
             for version, script in MIGRATIONS:
                 if version > current:
-                    for stmt in script.split(";\n"):
-                        if stmt.strip():
-                            await conn.execute(sql.SQL(stmt).format(s=ident))
+                    if callable(script):
+                        await script(conn, ident)
+                    else:
+                        for stmt in script.split(";\n"):
+                            if stmt.strip():
+                                await conn.execute(sql.SQL(stmt).format(s=ident))
                     await conn.execute(sql.SQL(
                         "INSERT INTO {}.schema_migrations (version) VALUES (%s)").format(ident),
                         (version,))
@@ -449,7 +536,7 @@ class PostgresStore:
         rows = await self._run("load_entries", sid, op)
         if not rows:
             raise SessionNotFound(sid, self._where)
-        return decode_rows(rows, sid, self._where + ",")
+        return decode_compact(rows, sid, self._where + ",")
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
@@ -458,13 +545,15 @@ class PostgresStore:
             await self.load_session(sid)  # an empty append still requires the session
             return
         params = _append_params(sid, entries, datas)
-        ids = params["ids"]
+        ids = [e.id for e in entries]
 
         async def op(conn: Conn) -> int:
             try:
                 cur = await conn.execute(self._q["append"], params)
             except psycopg.errors.UniqueViolation as exc:
                 raise _Repeated() from exc
+            if cur.rowcount:
+                await self._notify(conn, sid)
             return cur.rowcount
 
         try:
@@ -473,14 +562,38 @@ class PostgresStore:
         except _Repeated:
             await self._check_retried(sid, ids, datas)
 
+    async def _notify(self, conn: Conn, sid: str) -> None:
+        """Wake the watchers of ``sid`` in every process (S26), once the append is committed."""
+        payload = hashlib.md5(sid.encode()).hexdigest()
+        if not conn.autocommit:
+            # A pool's own transaction: notify inside it (its commit stays synchronous).
+            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+            return
+        # With nobody listening, skip the round trip; look again every
+        # _QUIET seconds. A watcher that starts meanwhile still gets the entry
+        # from its next read, at most watch_interval later.
+        if not self._listened and time.monotonic() - self._listened_at < _QUIET:
+            return
+        try:
+            cur = await conn.execute(self._q["notify"],
+                                     (self._channel, payload, self._listener_name))
+            row = await cur.fetchone()
+        except psycopg.Error as exc:  # the append is stored; watchers' polls will see it
+            log.debug("%s: NOTIFY for session %r failed: %s", self._where, sid, exc)
+            return
+        self._listened = bool(row and row[2])
+        self._listened_at = time.monotonic()
+
     async def _check_retried(self, sid: str, ids: list[str], datas: list[bytes]) -> None:
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(self._q["stored_batch"], (sid, ids), binary=True)
+            cur = await conn.execute(self._q["stored_batch"], (sid, [id_key(i) for i in ids]),
+                                     binary=True)
             return await cur.fetchall()
 
         rows = await self._run("append_entries (checking stored ids)", sid, op)
         check_retried_batch(sid, list(zip(ids, datas, strict=True)),
-                            {i: (seq, bytes(data)) for i, seq, data in rows}, self._where)
+                            {id_text(r[2]): (r[0], row_line(r, sid, self._where + ","))
+                             for r in rows}, self._where)
 
     # -- beyond the contract ----------------------------------------------------
 
@@ -562,7 +675,10 @@ class PostgresStore:
     def watch(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
         """Follow a session (S26): ``LISTEN`` for appends, then read ``seq > last``.
 
-        A trigger NOTIFYs at each committed append. The listening connection
+        Every store NOTIFYs after each append it commits while some store
+        listens (rows written by other means, and appends made in the 0.25 s
+        before an appender notices a new listener, are found by the
+        ``watch_interval`` read). The listening connection
         is the store's own, opened on ``listen_url`` (default: the store's
         URL). It must be a session connection: behind PgBouncer in
         transaction mode, point ``listen_url`` at PostgreSQL itself or at a
@@ -577,7 +693,8 @@ class PostgresStore:
                 here.listener = asyncio.create_task(self._listen(self._listen_url))
 
             async def op(conn: Conn) -> tuple[Any, ...] | None:
-                cur = await conn.execute(self._q["watch_start"], {"sid": sid, "after": after})
+                cur = await conn.execute(self._q["watch_start"], {
+                    "sid": sid, "after": None if after is None else id_key(after)})
                 return await cur.fetchone()
 
             row = await self._run("watch", sid, op)
@@ -595,7 +712,7 @@ class PostgresStore:
                 return await cur.fetchall()
 
             rows = await self._run("watch", sid, op)
-            return (decode_rows(rows, sid, self._where + ","),
+            return (decode_compact(rows, sid, self._where + ","),
                     int(rows[-1][0]) if rows else position)
 
         key = hashlib.md5(sid.encode()).hexdigest()
@@ -607,9 +724,11 @@ class PostgresStore:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)))
+                    url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name=self._listener_name)  # how appenders see a listener
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self._listened, self._listened_at = True, time.monotonic()
                     delay = 0.05
                     # Appends made while nobody listened: every watcher reads again.
                     # (Notifications that arrive before the generator runs wait in
@@ -642,17 +761,19 @@ class PostgresStore:
                 # A statement of its own: its snapshot, taken after the lock
                 # was granted, sees the entries of the append that held it.
                 # A retry (S25) keeps the parent its first entry was stored with.
-                cur = await conn.execute(self._q["parent_of"], (sid, entries[0].id))
+                cur = await conn.execute(self._q["parent_of"], (sid, id_key(entries[0].id)))
                 last = await cur.fetchone()
                 if last is None:
                     cur = await conn.execute(self._q["entry_at"], (sid, row[0]))
                     last = await cur.fetchone()
-                stored[:] = chain_after(entries, None if last is None else last[0])
+                parent = None if last is None or last[0] is None else id_text(bytes(last[0]))
+                stored[:] = chain_after(entries, parent)
                 try:
                     cur = await conn.execute(self._q["append"], _append_params(sid, stored))
                 except psycopg.errors.UniqueViolation as exc:
                     raise _Repeated() from exc
-                return cur.rowcount
+            await self._notify(conn, sid)
+            return cur.rowcount
 
         try:
             await self._run("append_linear", sid, op)
@@ -669,14 +790,14 @@ class PostgresStore:
 
         async def op(conn: Conn) -> list[tuple[Any, ...]]:
             # One statement: the position and the rows after it come from one snapshot.
-            cur = await conn.execute(self._q["after"], (sid, entry_id), binary=True)
+            cur = await conn.execute(self._q["after"], (sid, id_key(entry_id)), binary=True)
             return await cur.fetchall()
 
         rows = await self._run("load_entries_after", sid, op)
         if not rows:
             await self.load_session(sid)  # SessionNotFound if that is what it is
             raise entry_not_found(sid, entry_id, self._where)
-        return list(decode_rows(rows[1:], sid, self._where + ","))
+        return list(decode_compact(rows[1:], sid, self._where + ","))
 
 
 class _LoopPool:
@@ -695,11 +816,12 @@ class _LoopPool:
 def _append_params(sid: str, entries: Sequence[Entry],
                    datas: Sequence[bytes] | None = None) -> dict[str, Any]:
     # ``datas``: the entries as encode_entry gave them, when the caller has them.
+    if datas is None:
+        datas = [encode_entry(e, session_id=sid) for e in entries]
+    rows = [compact(e, d) for e, d in zip(entries, datas, strict=True)]
     return {
-        "sid": sid, "n": len(entries),
-        "ids": [e.id for e in entries], "parents": [e.parent_id for e in entries],
-        "types": [entry_type(e) for e in entries],
-        "datas": list(datas) if datas is not None else
-                 [encode_entry(e, session_id=sid) for e in entries],
+        "sid": sid, "n": len(rows), "kinds": [r[0] for r in rows], "ids": [r[1] for r in rows],
+        "parents": [r[2] for r in rows], "ts": [r[3] for r in rows],
+        "datas": [r[4] for r in rows],
     }
 

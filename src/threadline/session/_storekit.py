@@ -1,4 +1,4 @@
-"""What every built-in store shares: the session-id rule, paging, row decoding.
+"""What every built-in store shares: the session-id rule, paging, the retry check.
 
 Each rule here is kept once so that an id, a page or a stored row means the
 same thing on every store; a store module only adds its own I/O.
@@ -9,13 +9,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
-from threadline.session._codec import decode_entry, decode_lines
+from threadline.errors import ConfigError, InvalidSessionId, StoreError
+from threadline.session._codec import decode_lines
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 from threadline.session._store import (
-    EntryLog,
     SessionPage,
     decode_cursor,
     encode_cursor,
@@ -29,7 +27,6 @@ __all__ = [
     "check_record",
     "check_retried_batch",
     "check_session_id",
-    "decode_rows",
     "entry_type",
     "from_micros",
     "lines_after",
@@ -150,22 +147,6 @@ def entry_type(entry: Entry) -> str:
         return entry.type
     return str(entry.__struct_config__.tag)
 
-
-def decode_rows(rows: Iterable[tuple[Any, Any]], session_id: str, where: str) -> EntryLog:
-    """Entries from ``(seq, data)`` rows of a ``sessions LEFT JOIN entries`` query.
-
-    A session with no entries gives one row whose ``seq`` is NULL.
-    """
-    log = EntryLog()
-    for seq, data in rows:
-        if seq is None:
-            break
-        row = f"{where} table entries row (session_id={session_id!r}, seq={seq})"
-        if not isinstance(data, bytes):
-            raise CorruptLog(f"data is {type(data).__name__}, expected bytes",
-                             session_id=session_id, path=row)
-        log.append(decode_entry(data, session_id=session_id, path=row))
-    return log
 
 def check_retried_batch(
     session_id: str,

@@ -1,0 +1,147 @@
+"""The SQL stores' compact row: an entry's line split into typed columns.
+
+A line as the codec writes it starts with a header the row can hold in
+columns: ``{"type":T,"id":I[,"parent_id":P],"timestamp":TS`` then the rest.
+A row keeps ``kind`` (the type, and optionally a common start and end of the rest),
+the ids as keys (16 bytes for a canonical UUID, see ``id_key``), the
+timestamp as integer microseconds, and ``data``: only what follows.
+
+A row is stored compact only when ``expand`` of it gives back the line's
+exact bytes (checked on every write); any other line, such as one another
+program wrote with its own key order or timestamp spelling, is stored whole
+as ``kind`` 0. So a row always reads back byte for byte.
+
+``KINDS`` is part of the stored format: append to it, never change an item.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from threadline.errors import CorruptLog
+from threadline.session._codec import decode_entry
+from threadline.session._entries import Entry, OpaqueEntry
+from threadline.session._store import EntryLog
+from threadline.session._storekit import entry_type, from_micros, to_micros
+
+__all__ = ["KINDS", "Row", "compact", "decode_compact", "expand", "id_key", "id_text"]
+
+VERBATIM = 0
+
+# (type, start and end of the rest after the timestamp). Item 0: data is the whole line.
+KINDS: tuple[tuple[str, bytes, bytes], ...] = (
+    ("", b"", b""),
+    ("message", b"", b""),
+    ("compaction", b"", b""),
+    ("branch_summary", b"", b""),
+    ("custom", b"", b""),
+    ("custom_message", b"", b""),
+    ("message", b',"message":{"role":"user","content":[{"type":"text","text":"', b'"}]}}'),
+    ("message", b',"message":{"role":"assistant","content":[{"type":"text","text":"',
+     b'"}]}}'),
+)
+
+_HEADS = [b'{"type":' + msgspec.json.encode(t) + b',"id":' for t, _, _ in KINDS]
+# Per type: its kinds, longest start of the rest first.
+_BY_TYPE: dict[str, list[int]] = {}
+for _k, (_t, _, _) in enumerate(KINDS):
+    if _k:
+        _BY_TYPE.setdefault(_t, []).append(_k)
+for _ks in _BY_TYPE.values():
+    _ks.sort(key=lambda k: -len(KINDS[k][1]) - len(KINDS[k][2]))
+
+_encode = msgspec.json.Encoder().encode
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+Row = tuple[int, bytes, bytes | None, int | None, bytes]
+"""``(kind, id key, parent key, timestamp in microseconds, data)``."""
+
+
+def id_key(entry_id: str) -> bytes:
+    """An id as stored: 16 bytes for a canonical (lowercase) UUID, else its text.
+
+    Text is UTF-8 after one NUL (two when that would make 16 bytes), so no
+    text key ever has a UUID key's length; ids never hold NUL themselves.
+    """
+    if len(entry_id) == 36 and _UUID.fullmatch(entry_id):
+        return bytes.fromhex(entry_id.replace("-", ""))
+    raw = entry_id.encode("utf-8", "surrogatepass")
+    return (b"\0\0" if len(raw) == 15 else b"\0") + raw
+
+
+def id_text(key: bytes) -> str:
+    if len(key) == 16:
+        h = key.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return key.lstrip(b"\0").decode("utf-8", "surrogatepass")
+
+
+def _header(kind: int, entry_id: str, parent_id: str | None, ts: int) -> bytes:
+    parent = b"" if parent_id is None else b',"parent_id":' + _encode(parent_id)
+    return (_HEADS[kind] + _encode(entry_id) + parent + b',"timestamp":'
+            + _encode(from_micros(ts)) + KINDS[kind][1])
+
+
+def compact(entry: Entry, line: bytes) -> Row:
+    """The row for ``entry`` whose exact line is ``line``."""
+    key = id_key(entry.id)
+    parent = None if entry.parent_id is None else id_key(entry.parent_id)
+    kinds = None if isinstance(entry, OpaqueEntry) else _BY_TYPE.get(entry_type(entry))
+    stamp: datetime | None = entry.timestamp
+    if kinds and stamp is not None:
+        ts = to_micros(stamp)
+        base = _header(kinds[-1], entry.id, entry.parent_id, ts)  # the kind with no start
+        if line.startswith(base):
+            rest = line[len(base):]
+            for kind in kinds:
+                _, start, end = KINDS[kind]
+                if (rest.startswith(start) and rest.endswith(end)
+                        and len(rest) >= len(start) + len(end)):
+                    return kind, key, parent, ts, rest[len(start):len(rest) - len(end)]
+    return VERBATIM, key, parent, None, line
+
+
+def expand(kind: int, key: bytes, parent: bytes | None, ts: int | None, data: bytes) -> bytes:
+    """The exact line a row holds."""
+    if kind == VERBATIM:
+        return data
+    if ts is None or not 0 < kind < len(KINDS):
+        raise ValueError(f"kind {kind} with timestamp {ts!r} is not a row this version wrote")
+    return (_header(kind, id_text(key), None if parent is None else id_text(parent), ts)
+            + data + KINDS[kind][2])
+
+
+def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -> EntryLog:
+    """Entries from ``(seq, kind, id, parent, ts, data)`` rows, in order.
+
+    A row whose ``seq`` is NULL (a session without entries, from a
+    ``LEFT JOIN``) ends the log.
+    """
+    log = EntryLog()
+    for row in rows:
+        if row[0] is None:
+            break
+        log.append(decode_entry(row_line(row, session_id, where), session_id=session_id,
+                                path=_row_where(where, session_id, row[0])))
+    return log
+
+
+def row_line(row: Sequence[Any], session_id: str, where: str) -> bytes:
+    """``expand`` of a ``(seq, kind, id, parent, ts, data)`` row read back, or
+    ``CorruptLog`` naming the row."""
+    seq, kind, key, parent, ts, data = row
+    try:
+        return expand(kind, bytes(key), None if parent is None else bytes(parent), ts,
+                      bytes(data))
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptLog(f"not a stored entry: {exc}", session_id=session_id,
+                         path=_row_where(where, session_id, seq)) from exc
+
+
+def _row_where(where: str, session_id: str, seq: int) -> str:
+    return f"{where} table entries row (session_id={session_id!r}, seq={seq})"
