@@ -256,7 +256,7 @@ BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
     ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
     ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
     ("effect ledger (untracked calls)", ("copies",), KeepNothing),
-    ("held copies (S41)", (), KeepNothing),
+    ("held copies (S40)", (), KeepNothing),
     ("memory store append (its S16 check)", (), MemoryStore),
 ]
 

@@ -604,7 +604,7 @@ def test_s15_an_entry_read_from_a_foreign_line_pickles_with_its_line() -> None:
         assert encode_entry(clone) == line
 
 
-# -- format version 3: compact message entries (S36, S37) -------------------------------
+# -- format version 3: compact message entries (S35, S36) -------------------------------
 
 
 def _uuid7(ms: int, rest: int) -> str:
@@ -631,7 +631,7 @@ compactable = st.builds(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(compactable)
-def test_s36_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) -> None:
+def test_s35_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) -> None:
     line = encode_entry(entry)
     compact = compact_line(line)
     back = decode_entry(compact)
@@ -647,7 +647,7 @@ def test_s36_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) ->
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(compactable | entries, min_size=1, max_size=8))
-def test_s36_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -> None:
+def test_s35_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -> None:
     lines = [encode_entry(e) for e in batch]
     one_call = frame(lines, version=3)
     assert one_call.count(b"\n") == 1  # still one line per call (S14)
@@ -658,7 +658,7 @@ def test_s36_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -
                                        if len(lines) > 1 else lines[0] + b"\n")
 
 
-def test_s36_a_text_message_costs_half_its_canonical_framing() -> None:
+def test_s35_a_text_message_costs_half_its_canonical_framing() -> None:
     text = "x" * 400
     entry = MessageEntry(parent_id=_uuid7(1, 2), message=UserMessage.of(text))
     compact = compact_line(encode_entry(entry))
@@ -674,7 +674,7 @@ def test_s36_a_text_message_costs_half_its_canonical_framing() -> None:
         b',{"role":"assistant","content":[{"type":"text","text":"t"}],"model":"m"}]')
 
 
-def test_s36_a_compact_line_is_checked_like_any_line() -> None:
+def test_s35_a_compact_line_is_checked_like_any_line() -> None:
     with pytest.raises(CorruptLog) as info:
         decode_entry(b'["a",null,"yesterday","hi"]', path="f.jsonl", lineno=3)
     assert (info.value.path, info.value.line) == ("f.jsonl", 3)
@@ -692,7 +692,7 @@ def test_s36_a_compact_line_is_checked_like_any_line() -> None:
     b'"2025-03-01T09:30:01.120250Z","message":{"role":"user","content":[{"type":"text",'
     b'"text":"hi"}]},"extra":1}',
 ])
-def test_s37_foreign_lines_keep_their_bytes_in_a_version_3_file(line: bytes) -> None:
+def test_s36_foreign_lines_keep_their_bytes_in_a_version_3_file(line: bytes) -> None:
     assert compact_line(line) == line
     entry = decode_entry(line)
     assert frame([encode_entry(entry)], version=3) == line + b"\n"
@@ -707,7 +707,7 @@ def test_s37_foreign_lines_keep_their_bytes_in_a_version_3_file(line: bytes) -> 
     b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01", null, "2025-03-01T09:30:01.120250Z", "hi"]',
     b'["0195510a-8e20-7c11-9a2b-3f0e6c1d2a01",null,"2025-03-01T09:30:01.120250Z","\\u0068i"]',
 ])
-def test_s37_a_compact_line_this_version_would_write_otherwise_is_kept(line: bytes) -> None:
+def test_s36_a_compact_line_this_version_would_write_otherwise_is_kept(line: bytes) -> None:
     entry = decode_entry(line)
     assert isinstance(entry, MessageEntry)
     assert entry.message == UserMessage.of("hi")
@@ -718,7 +718,7 @@ def test_s37_a_compact_line_this_version_would_write_otherwise_is_kept(line: byt
         entry, decode_entry(line.replace(b"0195510a-8e20", b"0195510a-8e21"))]
 
 
-def test_s36_a_loaded_chain_holds_each_id_once() -> None:
+def test_s35_a_loaded_chain_holds_each_id_once() -> None:
     # The retained memory of a load: a compact entry's parent id is the
     # previous entry's id string itself, in a plain run and in a mixed one.
     chain: list[Entry] = []

@@ -1,8 +1,8 @@
-"""S40-S41: how a durable run hands its events over, and the copies it holds.
+"""S39-S40: how a durable run hands its events over, and the copies it holds.
 
-S40: events reach the consumer in the loop's order, each once, with the loop
+S39: events reach the consumer in the loop's order, each once, with the loop
 at most a bounded number of events ahead (all of them already stored), and a
-finished or abandoned run leaves no task behind. S41: the agent holds copies
+finished or abandoned run leaves no task behind. S40: the agent holds copies
 equal to what the run gave it; later changes to the loop's objects or to a
 receipt reach neither the agent nor the store, and an entry a copy would
 change is refused before anything is stored.
@@ -87,7 +87,7 @@ def _shape(events: list[Any]) -> list[tuple[str, Any]]:
     return out
 
 
-async def test_s40_events_arrive_in_loop_order_once_and_the_loop_stays_bounded_ahead(
+async def test_s39_events_arrive_in_loop_order_once_and_the_loop_stays_bounded_ahead(
     store: Store,
 ) -> None:
     bare_events: list[AgentEvent] = [
@@ -125,7 +125,7 @@ def _other_tasks() -> list[asyncio.Task[Any]]:
 
 
 @pytest.mark.parametrize("stop_after", [None, 1, 3, 40, 300])
-async def test_s40_a_finished_or_abandoned_run_leaves_no_task_behind(
+async def test_s39_a_finished_or_abandoned_run_leaves_no_task_behind(
     store: Store, stop_after: int | None,
 ) -> None:
     agent = await durable.open(lambda: AgentLoop(ScriptedModel(long_script()), [lookup]),
@@ -145,7 +145,7 @@ async def test_s40_a_finished_or_abandoned_run_leaves_no_task_behind(
     assert reopened.entries == agent.entries
 
 
-async def test_s40_a_second_consumer_of_one_run_gets_the_generator_error(store: Store) -> None:
+async def test_s39_a_second_consumer_of_one_run_gets_the_generator_error(store: Store) -> None:
     gate = asyncio.Event()
 
     @tool
@@ -172,10 +172,10 @@ async def test_s40_a_second_consumer_of_one_run_gets_the_generator_error(store: 
     assert rest[-1].error is None
 
 
-# -- S41 -----------------------------------------------------------------------
+# -- S40 -----------------------------------------------------------------------
 
 
-async def test_s41_changing_the_loops_objects_after_the_event_changes_nothing_held(
+async def test_s40_changing_the_loops_objects_after_the_event_changes_nothing_held(
     store: Store,
 ) -> None:
     kept: list[dict[str, Any]] = []
@@ -224,7 +224,7 @@ async def test_s41_changing_the_loops_objects_after_the_event_changes_nothing_he
     pytest.param(float("nan"), id="nan"),
     pytest.param(b"raw", id="bytes"),
 ])
-async def test_s41_a_result_a_copy_would_change_fails_the_run_and_stores_nothing(
+async def test_s40_a_result_a_copy_would_change_fails_the_run_and_stores_nothing(
     store: Store, details: Any,
 ) -> None:
     @tool
@@ -259,7 +259,7 @@ _model_check(Counted(ScriptedModel([])))
     pytest.param(lambda: [TextPart(text="a list, not a tuple")], id="content-list"),
     pytest.param(lambda: (TextPart(text="\ud800"),), id="lone-surrogate"),
 ])
-async def test_s41_a_message_with_nothing_free_form_is_still_checked_before_it_is_held(
+async def test_s40_a_message_with_nothing_free_form_is_still_checked_before_it_is_held(
     store: Store, content: Any,
 ) -> None:
     # A result without details holds nothing mutable, so the agent keeps the

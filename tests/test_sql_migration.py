@@ -1,4 +1,4 @@
-"""Old SQL databases upgrade in place to compact rows (S39).
+"""Old SQL databases upgrade in place to compact rows (S38).
 
 Each test builds a database the way the previous release left it, with the
 kinds of rows that must survive: ordinary entries, lines other programs wrote
@@ -87,7 +87,7 @@ def _sqlite_open_and_load(path: str, n: int) -> list[bytes]:
     return asyncio.run(run())
 
 
-async def test_s39_sqlite_version_1_file_upgrades_in_place_with_processes_at_once(
+async def test_s38_sqlite_version_1_file_upgrades_in_place_with_processes_at_once(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "old.db"
@@ -161,7 +161,7 @@ def _pg_open_and_load(url: str, schema: str, n: int) -> list[bytes]:
 
 
 @pytest.mark.timeout(120)
-async def test_s39_postgres_version_3_schema_upgrades_in_place_with_processes_at_once(
+async def test_s38_postgres_version_3_schema_upgrades_in_place_with_processes_at_once(
     pg_url: str, pg_schema: str,
 ) -> None:
     rows = _old_lines()

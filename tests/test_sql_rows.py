@@ -1,4 +1,4 @@
-"""The SQL stores' compact rows (S38): every entry reads back byte for byte."""
+"""The SQL stores' compact rows (S37): every entry reads back byte for byte."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ODD_IDS = ["e1", "x" * 15, "y" * 16, "z" * 14, "01A23141-0157-7019-BE70-6DDC5098
 
 
 @pytest.mark.parametrize("entry_id", [new_id(), *ODD_IDS])
-def test_s38_every_id_round_trips_and_no_two_share_a_key(entry_id: str) -> None:
+def test_s37_every_id_round_trips_and_no_two_share_a_key(entry_id: str) -> None:
     assert id_text(id_key(entry_id)) == entry_id
     keys = {id_key(i) for i in [new_id(), *ODD_IDS]}
     assert len(keys) == len(ODD_IDS) + 1
@@ -43,7 +43,7 @@ def _entries() -> list[MessageEntry | CustomEntry[object]]:
     return [root, odd, zero, offset, naive, tools, custom, tricky]
 
 
-def test_s38_rows_rebuild_each_line_exactly_and_compact_the_usual_ones() -> None:
+def test_s37_rows_rebuild_each_line_exactly_and_compact_the_usual_ones() -> None:
     for entry in _entries():
         line = encode_entry(entry)
         row = compact(entry, line)
@@ -57,7 +57,7 @@ def test_s38_rows_rebuild_each_line_exactly_and_compact_the_usual_ones() -> None
     assert KINDS[kind][1] and data == b"q" * 400  # the common start and end are the kind's
 
 
-def test_s38_a_line_that_would_not_rebuild_is_kept_whole() -> None:
+def test_s37_a_line_that_would_not_rebuild_is_kept_whole() -> None:
     entry_id = new_id()
     lines = [  # another timestamp spelling, another key order, an unknown type
         b'{"type":"message","id":"%s","timestamp":"2025-03-01T09:30:01.12Z","message":'

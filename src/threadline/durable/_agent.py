@@ -884,7 +884,7 @@ _message_copier = msgspec.msgpack.Decoder(MessageEntry)
 
 
 def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
-    """Copies of ``batch`` for the agent to hold and the store to check (S16, S41).
+    """Copies of ``batch`` for the agent to hold and the store to check (S16, S40).
 
     A run appends one message entry per message. One that holds nothing
     mutable needs no copy (see ``_frozen``). Otherwise a typed MessagePack
