@@ -123,11 +123,35 @@ def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
     ``LEFT JOIN``) ends the log.
     """
     log = EntryLog()
+    # A row's parent is mostly the row before it: its id's text is made once.
+    texts: dict[bytes, str] = {}
     for row in rows:
-        if row[0] is None:
+        seq, kind, key, parent, ts, data = row
+        if seq is None:
             break
-        log.append(decode_entry(row_line(row, session_id, where), session_id=session_id,
-                                path=_row_where(where, session_id, row[0])))
+        try:
+            if kind == VERBATIM:
+                line = bytes(data)
+            else:
+                if ts is None or not 0 < kind < len(KINDS):
+                    raise ValueError(f"kind {kind} with timestamp {ts!r} is not a row this "
+                                     f"version wrote")
+                key = bytes(key)
+                text = texts.get(key) or texts.setdefault(key, id_text(key))
+                if parent is None:
+                    parent_text = None
+                else:
+                    parent = bytes(parent)
+                    parent_text = texts.get(parent) or id_text(parent)
+                line = _header(kind, text, parent_text, ts) + bytes(data) + KINDS[kind][2]
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise CorruptLog(f"not a stored entry: {exc}", session_id=session_id,
+                             path=_row_where(where, session_id, seq)) from exc
+        try:
+            log.append(decode_entry(line, session_id=session_id))
+        except CorruptLog:  # decoded again only to name the row
+            log.append(decode_entry(line, session_id=session_id,
+                                    path=_row_where(where, session_id, seq)))
     return log
 
 
