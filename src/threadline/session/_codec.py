@@ -32,7 +32,14 @@ from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
-from threadline.ai._messages import AssistantMessage, Message, TextPart, ToolCall, UserMessage
+from threadline.ai._messages import (
+    AssistantMessage,
+    Message,
+    TextPart,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -244,7 +251,8 @@ def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
         if ok:
             try:
                 line = _encoder.encode(entry)
-                back = _entry_decoder.decode(line)
+                back = (_message_decoder if type(entry) is MessageEntry
+                        else _entry_decoder).decode(line)
             except (msgspec.DecodeError, UnicodeEncodeError, RecursionError, TypeError,
                     ValueError, OverflowError):
                 pass  # the careful path below says what is wrong
@@ -255,13 +263,24 @@ def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
 
 
 def _schema_bounded(entry: Entry) -> bool:
-    """Whether ``entry``, as decoded, holds no untyped data (so it nests only a few levels)."""
+    """Whether ``entry``, as decoded, nests only a few levels (so its line needs no scan).
+
+    Untyped data (tool call ``arguments``, ``details``) is what could nest
+    deeply; when it holds no list or dict it adds at most one level.
+    """
     message = entry.message if type(entry) is MessageEntry else None
     if type(message) is UserMessage:
         return True
+    if type(message) is ToolResultMessage:
+        return type(message.details) not in _NESTING
     if type(message) is not AssistantMessage:
         return False
-    return ToolCall not in set(map(type, message.content))  # no Python loop
+    return all(type(value) not in _NESTING
+               for part in message.content if type(part) is ToolCall
+               for value in part.arguments.values())
+
+
+_NESTING: frozenset[type[Any]] = frozenset({dict, list})
 
 
 def _check_carefully(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:

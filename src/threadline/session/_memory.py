@@ -70,16 +70,12 @@ class MemoryStore:
             if log is None:
                 raise SessionNotFound(session_id, "memory store")
             ids = self._ids[session_id]
-            start = len(log)
-            new_ids = {entry.id: start + n for n, entry in enumerate(entries)}
-            if len(new_ids) < len(entries) or not ids.keys().isdisjoint(new_ids):
-                stored = {i: (ids[i], log[ids[i]]) for i in new_ids if i in ids}
-                check_retried_batch(session_id, [(e.id, line) for e, line in
-                                                 zip(entries, lines, strict=True)],
-                                    stored, "memory store")
+            if len(lines) == 1 and entries[0].id not in ids:
+                # The usual call (one message), without building an id map.
+                ids[entries[0].id] = len(log)
+                log.append(lines[0])
+            elif not _extend(session_id, log, ids, entries, lines):
                 return  # S25: this exact batch is already stored
-            ids.update(new_ids)
-            log.extend(lines)
         self._wakeups.ring(session_id)
 
     async def load_session(self, session_id: str) -> SessionRecord:
@@ -168,3 +164,19 @@ class MemoryStore:
             lines = list(lines)
         return lines_after(lines, entry_id, session_id, "memory store")
 
+
+
+def _extend(session_id: str, log: list[bytes], ids: dict[str, int],
+            entries: Sequence[Entry], lines: list[bytes]) -> bool:
+    """Add a batch to a log (under the store's lock); False if it is a retry (S25)."""
+    start = len(log)
+    new_ids = {entry.id: start + n for n, entry in enumerate(entries)}
+    if len(new_ids) < len(entries) or not ids.keys().isdisjoint(new_ids):
+        stored = {i: (ids[i], log[ids[i]]) for i in new_ids if i in ids}
+        check_retried_batch(session_id, [(e.id, line) for e, line in
+                                         zip(entries, lines, strict=True)],
+                            stored, "memory store")
+        return False
+    ids.update(new_ids)
+    log.extend(lines)
+    return True

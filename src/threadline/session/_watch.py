@@ -54,6 +54,10 @@ class Wakeups:
 
     def ring(self, session_id: str | None = None) -> None:
         """Wake the watchers of ``session_id`` (of every session if None)."""
+        if not self._waiters:
+            # Nobody watches (the usual case), read without the lock: a watcher
+            # registers before it reads, so one registering now sees the append.
+            return
         with self._lock:
             if session_id is None:
                 waiters = [w for ws in self._waiters.values() for w in ws]
