@@ -250,6 +250,8 @@ _Q = {
 }
 
 
+# Longest a LISTEN connection waits before it checks whether its store closed.
+_LISTEN_TICK = 1.0
 # Seconds an appender that saw no listener waits before it looks again.
 _QUIET = 0.25
 
@@ -734,8 +736,13 @@ class PostgresStore:
                     # (Notifications that arrive before the generator runs wait in
                     # psycopg's backlog; none is lost.)
                     self._wakeups.ring()
-                    async for note in conn.notifies():
-                        self._wakeups.ring(note.payload)
+                    # Bounded waits, because CPython 3.11's wait_for (inside
+                    # psycopg's) can swallow close()'s cancel; the closed flag
+                    # then ends the task within one tick instead of never.
+                    while not self._closed:
+                        async for note in conn.notifies(timeout=_LISTEN_TICK):
+                            self._wakeups.ring(note.payload)
+                return
             except psycopg.Error as exc:
                 log.debug("%s: LISTEN connection lost, reconnecting: %s", self._where, exc)
             await asyncio.sleep(delay)
