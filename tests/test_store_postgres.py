@@ -385,3 +385,31 @@ async def test_s26_appender_that_saw_no_listener_notifies_a_watcher_that_came_la
         await appender.append_entries("late", [third])
         assert (await asyncio.wait_for(pending, 30)).id == third.id
         await watch.aclose()  # type: ignore[attr-defined]
+
+
+async def test_s26_close_ends_the_listen_connection_after_the_loop_was_busy(
+    pg_url: str, pg_schema: str
+) -> None:
+    # psycopg waits on the LISTEN socket through wait_for with a 0.1 s timeout.
+    # When that timeout falls due while the loop is busy (here: decoding a
+    # 5 MiB entry) and close() cancels, CPython 3.11's wait_for can lose the
+    # cancel, and close() used to hang for good.
+    big = _entry("b" * (5 << 20))
+    for n in range(20):
+        watcher = PostgresStore(pg_url, schema=pg_schema, max_size=2)
+        await watcher.create_session(SessionRecord(id=f"busy-{n}"))
+        await watcher.append_entries(f"busy-{n}", [big, _entry("small", big.id)])
+        watch = watcher.watch(f"busy-{n}")
+        await asyncio.wait_for(anext(watch), 30)
+        await asyncio.wait_for(anext(watch), 30)
+        await watch.aclose()  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            await watcher.close()
+        name = watcher._listener_name
+        for _ in range(100):  # the server notices the disconnect soon after
+            rows = _rows(pg_url, "SELECT count(*) FROM pg_stat_activity "
+                         "WHERE application_name = %s", name)
+            if rows == [(0,)]:
+                break
+            await asyncio.sleep(0.05)
+        assert rows == [(0,)], f"{name} still connected 5 s after close()"

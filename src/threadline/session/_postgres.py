@@ -650,11 +650,11 @@ class PostgresStore:
             if here.listener is None:
                 continue
             if owner is loop:
-                here.listener.cancel()
+                _stop_listener(here)
                 with contextlib.suppress(asyncio.CancelledError):
                     await here.listener
             elif owner.is_running():
-                owner.call_soon_threadsafe(here.listener.cancel)
+                owner.call_soon_threadsafe(_stop_listener, here)
         if not self._owns_pool:
             return
         if not pools:
@@ -692,7 +692,7 @@ class PostgresStore:
             here = self._here()
             if self._listen_url is not None and (here.listener is None
                                                  or here.listener.done()):
-                here.listener = asyncio.create_task(self._listen(self._listen_url))
+                here.listener = asyncio.create_task(self._listen(self._listen_url, here))
 
             async def op(conn: Conn) -> tuple[Any, ...] | None:
                 cur = await conn.execute(self._q["watch_start"], {
@@ -720,10 +720,15 @@ class PostgresStore:
         key = hashlib.md5(sid.encode()).hexdigest()
         return follow(key, start, read, self._wakeups, self.watch_interval)
 
-    async def _listen(self, url: str) -> None:
-        """Hold a ``LISTEN`` connection while the store lives; reconnect when it drops."""
+    async def _listen(self, url: str, here: _LoopPool) -> None:
+        """Hold a ``LISTEN`` connection while the store lives; reconnect when it drops.
+
+        close() cancels this task only while it is idle (``here.waiting``):
+        a connect or LISTEN cut by a cancel could leave its socket to the
+        garbage collector. Busy, it sees the closed flag within one step.
+        """
         delay = 0.05
-        while True:
+        while not self._closed:
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)),
@@ -733,19 +738,27 @@ class PostgresStore:
                     self._listened, self._listened_at = True, time.monotonic()
                     delay = 0.05
                     # Appends made while nobody listened: every watcher reads again.
-                    # (Notifications that arrive before the generator runs wait in
-                    # psycopg's backlog; none is lost.)
+                    # (Notifications that arrive before the generator runs wait on
+                    # the socket or in psycopg's backlog; none is lost.)
                     self._wakeups.ring()
                     # Bounded waits, because CPython 3.11's wait_for (inside
-                    # psycopg's) can swallow close()'s cancel; the closed flag
-                    # then ends the task within one tick instead of never.
+                    # psycopg's) can swallow the cancel; the closed flag then ends
+                    # the task within one tick instead of never.
                     while not self._closed:
-                        async for note in conn.notifies(timeout=_LISTEN_TICK):
-                            self._wakeups.ring(note.payload)
+                        here.waiting = True
+                        try:
+                            async for note in conn.notifies(timeout=_LISTEN_TICK):
+                                self._wakeups.ring(note.payload)
+                        finally:
+                            here.waiting = False
                 return
             except psycopg.Error as exc:
                 log.debug("%s: LISTEN connection lost, reconnecting: %s", self._where, exc)
-            await asyncio.sleep(delay)
+            here.waiting = True
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                here.waiting = False
             delay = min(delay * 2, 2.0)
 
     # -- the linear capability (S32) ----------------------------------------------
@@ -808,7 +821,7 @@ class PostgresStore:
 
 
 class _LoopPool:
-    __slots__ = ("down", "listener", "lock", "pool", "ready")
+    __slots__ = ("down", "listener", "lock", "pool", "ready", "waiting")
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
@@ -818,6 +831,14 @@ class _LoopPool:
         """A connection failed: probe the server before trusting this pool again."""
         self.listener: asyncio.Task[None] | None = None
         """This loop's LISTEN connection task (watch), if one was started."""
+        self.waiting = False
+        """The listener is idle (waiting for news or to reconnect), where a cancel is safe."""
+
+
+def _stop_listener(here: _LoopPool) -> None:
+    """Cancel a loop's listener if it is idle; busy, it stops on the closed flag."""
+    if here.listener is not None and here.waiting:
+        here.listener.cancel()
 
 
 def _append_params(sid: str, entries: Sequence[Entry],
