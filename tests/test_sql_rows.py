@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from threadline.ai._messages import AssistantMessage, TextPart, ToolCall, UserMessage
@@ -25,6 +25,7 @@ from threadline.session import (
     PostgresStore,
     SessionRecord,
     SQLiteStore,
+    _rows,
     new_id,
 )
 from threadline.session._codec import _line, decode_entry, encode_entry, stored_form
@@ -127,6 +128,24 @@ def _message(kind: int, text: str) -> UserMessage | AssistantMessage:
     return UserMessage(content=(TextPart(text=text), TextPart(text="second")))
 
 
+def _draw_entry(draw: st.DrawFn, header: dict[str, Any], shapes: st.SearchStrategy[int]
+                ) -> Entry:
+    text = draw(_TEXTS)
+    shape = draw(shapes)
+    if shape < 4:
+        return MessageEntry(message=_message(shape, text), **header)
+    if shape == 4:
+        return CompactionEntry(summary=text, first_kept_entry_id="e1", tokens_before=3,
+                               **header)
+    if shape == 5:
+        return BranchSummaryEntry(from_id="e1", summary=text, **header)
+    if shape == 6:
+        return CustomEntry(kind="k", data={"t": text}, **header)
+    if shape == 7:
+        return CustomMessageEntry(kind="k", content=(TextPart(text=text),), **header)
+    return MessageEntry(message=UserMessage.of(text), origin_id="o", **header)
+
+
 @st.composite
 def _logs(draw: st.DrawFn) -> list[Entry]:
     entries: list[Entry] = []
@@ -136,26 +155,16 @@ def _logs(draw: st.DrawFn) -> list[Entry]:
             continue
         parent = draw(st.one_of(st.none(), st.just(entries[-1].id if entries else None),
                                 st.sampled_from(ODD_IDS)))
-        header: dict[str, Any] = {"id": entry_id, "parent_id": parent,
-                                  "timestamp": draw(_TIMES)}
-        text = draw(_TEXTS)
-        shape = draw(st.integers(0, 8))
-        entry: Entry
-        if shape < 4:
-            entry = MessageEntry(message=_message(shape, text), **header)
-        elif shape == 4:
-            entry = CompactionEntry(summary=text, first_kept_entry_id="e1", tokens_before=3,
-                                    **header)
-        elif shape == 5:
-            entry = BranchSummaryEntry(from_id="e1", summary=text, **header)
-        elif shape == 6:
-            entry = CustomEntry(kind="k", data={"t": text}, **header)
-        elif shape == 7:
-            entry = CustomMessageEntry(kind="k", content=(TextPart(text=text),), **header)
-        else:
-            entry = MessageEntry(message=UserMessage.of(text), origin_id="o", **header)
-        entries.append(entry)
+        header = {"id": entry_id, "parent_id": parent, "timestamp": draw(_TIMES)}
+        entries.append(_draw_entry(draw, header, st.integers(0, 8)))
     return entries
+
+
+@st.composite
+def _other_kinds(draw: st.DrawFn) -> Entry:
+    """An entry whose row is of kind 1-5 (all but single-text messages)."""
+    header = {"id": draw(_IDS), "timestamp": draw(_UTC_TIMES)}
+    return _draw_entry(draw, header, st.sampled_from([2, 3, 4, 5, 6, 7, 8]))
 
 
 def _by_line(rows: list[tuple[Any, ...]], sid: str = "s") -> list[Entry]:
@@ -212,6 +221,62 @@ def test_s37_any_single_text_row_loads_as_its_line_would_or_is_corrupt(
     _assert_same(list(decode_compact(rows, "s", WHERE)), want)
 
 
+def _respell(rest: bytes, how: int) -> bytes:
+    """The rest of a line (kinds 1-5) as the codec writes it, or spelled otherwise."""
+    obj = b"{" + rest[1:]
+    if how == 1:  # another program's spelling: ASCII escapes, spaces
+        return b"," + json.dumps(json.loads(obj), separators=(", ", ": ")).encode()[1:]
+    if how == 2:
+        return b"," + json.dumps(json.loads(obj)).encode()[1:]
+    if how == 3:  # a field this version does not know
+        return rest[:-1] + b',"zz":1}'
+    if how == 4:  # a header field again
+        return b',"id":"other"' + rest
+    if how == 5:
+        return rest[1:]  # no comma: no line
+    if how == 6:
+        return rest[:-1]  # cut short
+    if how == 7:
+        return rest + b',"x":1}'  # after the object
+    if how == 8:
+        return b" " + rest[1:]  # no comma, but an object if the first byte were taken for one
+    return rest
+
+
+@settings(max_examples=500, deadline=None)
+@given(entry=_other_kinds(), how=st.integers(0, 9), key=_KEYS, parent=st.one_of(st.none(), _KEYS),
+       ts=st.one_of(st.integers(-(2**62), 2**62), st.integers(-10**17, 10**17), st.none()))
+def test_s37_any_row_of_the_other_kinds_loads_as_its_line_would_or_is_corrupt(
+    entry: Entry, how: int, key: bytes, parent: bytes | None, ts: int | None
+) -> None:
+    kind, *_, data = compact(entry, encode_entry(entry))
+    assume(0 < kind < 6)  # a user message of texts only may still be a kind 6 row
+    rows = [(3, kind, key, parent, ts, _respell(data, how))]
+    try:
+        want = _by_line(rows)
+    except CorruptLog:
+        with pytest.raises(CorruptLog) as info:
+            decode_compact(rows, "s", WHERE)
+        assert "table entries row (session_id='s', seq=3)" in str(info.value)
+        return
+    _assert_same(list(decode_compact(rows, "s", WHERE)), want)
+
+
+def test_s37_the_usual_rows_load_without_their_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes the load fast: no line is rebuilt for the common kinds."""
+    entries = [e for e in _entries_of_every_kind() if not isinstance(e, CustomEntry)]
+    rows = [(seq, *compact(e, encode_entry(e))) for seq, e in enumerate(entries, start=1)]
+    usual = [r for r in rows if r[1] in (1, 2, 3, 5, 6, 7)]
+    assert {r[1] for r in usual} == {1, 2, 3, 5, 6, 7}
+    want = _by_line(usual)
+
+    def no_line(*args: object) -> Entry:
+        raise AssertionError("decoded by its line")
+
+    monkeypatch.setattr(_rows, "_decode_row", no_line)
+    _assert_same(list(decode_compact(usual, "s", WHERE)), want)
+
+
 _GOOD = MessageEntry(id="e0", message=UserMessage.of("fine"),
                      timestamp=datetime(2030, 1, 1, tzinfo=UTC))
 
@@ -219,6 +284,7 @@ _GOOD = MessageEntry(id="e0", message=UserMessage.of("fine"),
 @pytest.mark.parametrize(("kind", "change"), [
     (0, {"data": b'{"not'}),
     *((k, {"data": b"!garbage"}) for k in range(1, 6)),
+    *((k, {"data": b',"message":1,"summary":2,"from_id":3,"kind":4}'}) for k in range(1, 6)),
     *((k, {"data": b'x"y'}) for k in (6, 7)),
     *((k, {"data": b"\\ud800"}) for k in (6, 7)),
     *((k, {"key": b"\0"}) for k in range(1, 8)),

@@ -11,8 +11,9 @@ exact bytes (checked on every write); any other line, such as one another
 program wrote with its own key order or timestamp spelling, is stored whole
 as ``kind`` 0. So a row always reads back byte for byte.
 
-A load (``decode_compact``) builds the entry of a single-text message row
-straight from its columns; every other row is decoded from its line.
+A load (``decode_compact``) builds the entry of a compact row straight from
+its columns where its data is spelled as the codec spells it; a custom
+entry, a verbatim row and any other row are decoded from their line.
 
 ``KINDS`` is part of the stored format: append to it, never change an item.
 """
@@ -20,7 +21,7 @@ straight from its columns; every other row is decoded from its line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,14 @@ import msgspec
 from threadline.ai._messages import AssistantMessage, TextPart, UserMessage
 from threadline.errors import CorruptLog
 from threadline.session._codec import decode_entry
-from threadline.session._entries import Entry, MessageEntry, OpaqueEntry
+from threadline.session._entries import (
+    BranchSummaryEntry,
+    CompactionEntry,
+    CustomMessageEntry,
+    Entry,
+    MessageEntry,
+    OpaqueEntry,
+)
 from threadline.session._store import EntryLog
 from threadline.session._storekit import entry_type, from_micros, to_micros
 
@@ -135,12 +143,13 @@ def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
         if seq is None:
             break
         message = _TEXT_MESSAGES.get(kind)
-        if message is not None:
-            # A single-text message straight from its columns, with no line
-            # rebuilt and decoded (that cost ~3 us a row). It is what
-            # decoding the line gives exactly when the text is spelled as the
-            # codec spells it, which the encode below checks; any other row
-            # takes the long way, which also says what is wrong with it.
+        rest = None if message is not None else _RESTS.get(kind)
+        if message is not None or rest is not None:
+            # The entry straight from the row's columns, with no line rebuilt
+            # and decoded (that cost ~3 us a row). It is what decoding the
+            # line gives exactly when the row's data is spelled as the codec
+            # spells it, which the checks below prove; any other row takes the
+            # long way, which also says what is wrong with it.
             try:
                 key = bytes(key)
                 entry_id = texts.get(key) or texts.setdefault(key, _plain_id(key))
@@ -149,16 +158,32 @@ def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
                 else:
                     parent = bytes(parent)
                     parent_id = texts.get(parent) or _plain_id(parent)
-                quoted = b'"' + data + b'"'
-                text = _decode_text(quoted)
-                # Without a backslash there is one spelling of the text; with
-                # one, the escapes must be the codec's own.
-                if b"\\" not in data or _encode(text) == quoted:
-                    append(MessageEntry(id=entry_id, parent_id=parent_id,
-                                        timestamp=from_micros(ts),
-                                        message=message(content=(TextPart(text=text),))))
-                    continue
-            except (msgspec.DecodeError, TypeError, ValueError, OverflowError):
+                if message is not None:
+                    quoted = b'"' + data + b'"'
+                    text = _decode_text(quoted)
+                    # Without a backslash there is one spelling of the text;
+                    # with one, the escapes must be the codec's own.
+                    if b"\\" not in data or _encode(text) == quoted:
+                        append(MessageEntry(id=entry_id, parent_id=parent_id,
+                                            timestamp=from_micros(ts),
+                                            message=message(content=(TextPart(text=text),))))
+                        continue
+                elif rest is not None and data[:1] == b",":
+                    cls, decode = rest
+                    obj = b"{" + data[1:]
+                    fields = decode(obj)
+                    if _encode(fields) == obj:
+                        if cls is MessageEntry:  # the common one, without a dict
+                            append(MessageEntry(id=entry_id, parent_id=parent_id,
+                                                timestamp=from_micros(ts),
+                                                origin_id=fields.origin_id,
+                                                message=fields.message))
+                        else:
+                            append(cls(id=entry_id, parent_id=parent_id,
+                                       timestamp=from_micros(ts),
+                                       **msgspec.structs.asdict(fields)))
+                        continue
+            except (msgspec.DecodeError, TypeError, ValueError, OverflowError, RecursionError):
                 pass
         append(_decode_row(row, texts, session_id, where))
     return log
@@ -168,6 +193,27 @@ def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
 _TEXT_MESSAGES: dict[int, type[UserMessage] | type[AssistantMessage]] = {
     6: UserMessage, 7: AssistantMessage}
 _decode_text = msgspec.json.Decoder(str).decode
+
+
+def _rest(cls: type[Any]) -> tuple[type[Any], Callable[[bytes], Any]]:
+    """``cls`` and a decoder of its fields after the header, as one object.
+
+    The fields keep their order, types and defaults, so the object encodes
+    as the rest of ``cls``'s line does (after its first comma).
+    """
+    fields = [(f.name, f.type) if f.required else (f.name, f.type, f.default)
+              for f in msgspec.structs.fields(cls) if f.name not in _HEADER_FIELDS]
+    rest = msgspec.defstruct(f"{cls.__name__}Rest", fields, kw_only=True, omit_defaults=True,
+                             gc=False)
+    return cls, msgspec.json.Decoder(rest).decode
+
+
+_HEADER_FIELDS = frozenset({"id", "parent_id", "timestamp"})
+# The kinds whose data is the rest of an entry's object. Custom entries (4)
+# are not here: their data is typed by a registry that can change, so they
+# take the line's way.
+_RESTS = {1: _rest(MessageEntry), 2: _rest(CompactionEntry), 3: _rest(BranchSummaryEntry),
+          5: _rest(CustomMessageEntry)}
 
 
 def _plain_id(key: bytes) -> str:
