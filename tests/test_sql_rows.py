@@ -171,6 +171,11 @@ def _by_line(rows: list[tuple[Any, ...]], sid: str = "s") -> list[Entry]:
     return [decode_entry(row_line(r, sid, WHERE), session_id=sid) for r in rows]
 
 
+def _views(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [(seq, kind, memoryview(key), None if parent is None else memoryview(parent), ts,
+             memoryview(data)) for seq, kind, key, parent, ts, data in rows]
+
+
 def _assert_same(got: list[Entry], want: list[Entry]) -> None:
     assert got == want
     for a, b in zip(got, want, strict=True):
@@ -214,11 +219,13 @@ def test_s37_any_single_text_row_loads_as_its_line_would_or_is_corrupt(
     try:
         want = _by_line(rows)
     except CorruptLog:
-        with pytest.raises(CorruptLog) as info:
-            decode_compact(rows, "s", WHERE)
-        assert "table entries row (session_id='s', seq=7)" in str(info.value)
+        for given_rows in (rows, _views(rows)):
+            with pytest.raises(CorruptLog) as info:
+                decode_compact(given_rows, "s", WHERE)
+            assert "table entries row (session_id='s', seq=7)" in str(info.value)
         return
     _assert_same(list(decode_compact(rows, "s", WHERE)), want)
+    _assert_same(list(decode_compact(_views(rows), "s", WHERE)), want)
 
 
 def _respell(rest: bytes, how: int) -> bytes:
@@ -255,11 +262,13 @@ def test_s37_any_row_of_the_other_kinds_loads_as_its_line_would_or_is_corrupt(
     try:
         want = _by_line(rows)
     except CorruptLog:
-        with pytest.raises(CorruptLog) as info:
-            decode_compact(rows, "s", WHERE)
-        assert "table entries row (session_id='s', seq=3)" in str(info.value)
+        for given_rows in (rows, _views(rows)):
+            with pytest.raises(CorruptLog) as info:
+                decode_compact(given_rows, "s", WHERE)
+            assert "table entries row (session_id='s', seq=3)" in str(info.value)
         return
     _assert_same(list(decode_compact(rows, "s", WHERE)), want)
+    _assert_same(list(decode_compact(_views(rows), "s", WHERE)), want)
 
 
 def test_s37_the_usual_rows_load_without_their_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,6 +317,13 @@ def test_s37_a_corrupt_row_of_each_kind_names_the_session_and_row(
     assert info.value.session_id == "s"
     assert info.value.path == f"{WHERE} table entries row (session_id='s', seq=2)"
     assert info.value.__cause__ is not None
+
+
+def test_s37_rows_read_as_memoryviews_load_the_same() -> None:
+    """A driver may hand back a buffer rather than bytes for a binary column."""
+    entries = _entries_of_every_kind()
+    rows = [(seq, *compact(e, encode_entry(e))) for seq, e in enumerate(entries, start=1)]
+    _assert_same(list(decode_compact(_views(rows), "s", WHERE)), _by_line(rows))
 
 
 def _entries_of_every_kind() -> list[Entry]:

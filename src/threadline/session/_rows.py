@@ -151,7 +151,7 @@ def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
             # spells it, which the checks below prove; any other row takes the
             # long way, which also says what is wrong with it.
             try:
-                key = bytes(key)
+                key, data = bytes(key), bytes(data)  # a driver may give buffers
                 entry_id = texts.get(key) or texts.setdefault(key, _plain_id(key))
                 if parent is None:
                     parent_id = None
