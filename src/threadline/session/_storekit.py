@@ -97,7 +97,7 @@ def to_micros(dt: datetime) -> int:
 
 
 def from_micros(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
+    return _EPOCH + timedelta(0, 0, us)  # positional: a keyword costs half as much again
 
 
 def sort_key(record: SessionRecord) -> tuple[int, str]:
