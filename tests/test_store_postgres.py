@@ -222,9 +222,15 @@ async def test_s25_both_forms_of_the_append_store_alike_and_refuse_repeats_whole
         assert [encode_entry(e) for e in loaded] == [encode_entry(e) for e in [root, *batch]]
         assert _rows(pg_url, f"SELECT seq FROM {pg_schema}.entries ORDER BY seq") == [
             (n,) for n in range(1, size + 2)]
-        # The counter names the last entry, so append_linear chains after it.
-        [after] = await store.append_linear("s", [_entry("linear")])
-        assert after.parent_id == last.id
+        # The counter names the last entry, so append_linear chains after it,
+        # in the same form of the statement.
+        chain: list[MessageEntry] = []
+        for n in range(size):
+            chain.append(_entry(f"l{n}", chain[-1].id if chain else None))
+        linear = await store.append_linear("s", chain)
+        assert [e.parent_id for e in linear] == [last.id, *(e.id for e in linear[:-1])]
+        assert [e.id for e in await store.load_entries_after("s", last.id)] == [
+            e.id for e in linear]
 
 
 async def check_processes_keep_one_order(
