@@ -22,7 +22,7 @@ from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreEr
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
 from threadline.session._codec import encode_entry
 from threadline.session._postgres import _VALUES_MAX, MIGRATIONS
-from threadline.session._rows import id_key, id_text
+from threadline.session._rows import compact, id_key, id_text
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener, check_concurrent_log
 
@@ -231,6 +231,50 @@ async def test_s25_both_forms_of_the_append_store_alike_and_refuse_repeats_whole
         assert [e.parent_id for e in linear] == [last.id, *(e.id for e in linear[:-1])]
         assert [e.id for e in await store.load_entries_after("s", last.id)] == [
             e.id for e in linear]
+
+
+# The append of the release before the VALUES form (schema version 4 too),
+# as a process still running it sends it.
+_PREVIOUS_APPEND = (
+    "WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s "
+    "WHERE session_id = %(sid)s RETURNING next_seq - %(n)s AS base) "
+    "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, data) "
+    "SELECT s.base + e.ord, e.ts, e.kind, %(sid)s, e.entry_id, e.parent_id, e.data "
+    "FROM s, unnest(%(kinds)s::smallint[], %(ids)s::bytea[], %(parents)s::bytea[], "
+    "%(ts)s::bigint[], %(datas)s::bytea[]) "
+    "WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, data, ord)")
+
+
+async def test_s38_appends_of_the_previous_release_and_this_one_share_a_session(
+    pg_url: str, pg_schema: str
+) -> None:
+    # Same schema, same counter: during a rolling upgrade both releases append
+    # to one session, and neither's entries are lost, renumbered or refused.
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="s"))
+        log: list[MessageEntry] = []
+
+        def chain(n: int) -> list[MessageEntry]:
+            batch: list[MessageEntry] = []
+            for k in range(n):
+                parent = batch[-1] if batch else (log[-1] if log else None)
+                batch.append(_entry(f"{len(log)}.{k}", None if parent is None else parent.id))
+            log.extend(batch)
+            return batch
+
+        for n in (1, _VALUES_MAX + 1, 3):
+            await store.append_entries("s", chain(n))
+            old = chain(n)
+            rows = [compact(e, encode_entry(e, session_id="s")) for e in old]
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(_PREVIOUS_APPEND.replace("{s}", pg_schema).encode(), {
+                    "sid": "s", "n": n, **{k: [r[i] for r in rows] for i, k in enumerate(
+                        ("kinds", "ids", "parents", "ts", "datas"))}})
+        await store.append_entries("s", log[-2:])  # a retry over the old release's rows
+        assert [encode_entry(e) for e in await store.load_entries("s")] == [
+            encode_entry(e) for e in log]
+        assert _rows(pg_url, f"SELECT seq FROM {pg_schema}.entries ORDER BY seq") == [
+            (n,) for n in range(1, len(log) + 1)]
 
 
 async def check_processes_keep_one_order(
