@@ -29,6 +29,11 @@ Two more tables, same run:
   random base64, user and assistant in turn) over the raw payload, at two
   sizes, and the bytes each further entry adds (fixed per-table pages cancel).
 
+For PostgreSQL, the append statement's own cost per entry in each form the
+store has sent (issue 15's text arrays, binary arrays, a VALUES list) at 1, 8
+and 16 entries against the bare INSERT, with ``synchronous_commit`` off for that
+connection so the WAL flush, the same for all, drops out.
+
 A second, small table compares ``bytea`` and ``jsonb`` for the entries column
 (bytes on disk, load time, byte-identical round trip), the measurement behind
 the PostgresStore's column type.
@@ -384,6 +389,77 @@ def storage_format(schema: str, rows: int = 3000) -> dict[str, Any]:
     return out
 
 
+# The append statement as issue 15 left it (text arrays, unnest), for the
+# statement table: the store no longer sends it.
+_TEXT_ARRAYS = ("WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %s "
+                "WHERE session_id = %s RETURNING session_id, next_seq - %s AS base) "
+                "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, data) "
+                "SELECT s.base + e.ord, e.ts, e.kind, s.session_id, e.entry_id, e.parent_id, "
+                "e.data FROM s, unnest(%s::smallint[], %s::bytea[], %s::bytea[], %s::bigint[], "
+                "%s::bytea[]) WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, data, ord)")
+
+
+def append_statements(schema: str, rounds: int = 12, block: int = 50) -> dict[str, Any]:
+    """What one append statement costs the server, per form, against the bare INSERT.
+
+    A blocking psycopg connection with ``synchronous_commit`` off for its own
+    session: every form waits for the same WAL flush, so leaving it out shows
+    the statement's own cost (parse/bind of its parameters, plan, the counter
+    UPDATE). Alternating blocks, the median of each form's per-entry time.
+    """
+    from threadline.session._postgres import _Q, _VALUES_MAX, _append_values
+
+    where = f"{schema}_stmt"
+    forms: dict[str, tuple[int, str]] = {
+        "bare INSERT": (1, "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, "
+                           "parent_id, data) VALUES (%s, %s, %s, %s, %s, %s, %s)"),
+        "text arrays (before), 1 entry": (1, _TEXT_ARRAYS),
+        "binary arrays, 1 entry": (1, _Q["append"]),
+        "VALUES, 1 entry": (1, _append_values(1)),
+    }
+    for n in (_VALUES_MAX, 2 * _VALUES_MAX):
+        forms[f"binary arrays, {n} entries"] = (n, _Q["append"])
+        forms[f"VALUES, {n} entries"] = (n, _append_values(n))
+    line = encode_entry(_entry(None, 0, 0))
+    code, key, _, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
+
+    async def make() -> None:
+        async with PostgresStore(PG_URL, schema=where) as store:
+            for name in forms:
+                await store.create_session(SessionRecord(id=name))
+
+    asyncio.run(make())
+    per_entry: dict[str, list[float]] = {name: [] for name in forms}
+    made = 0
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")
+            queries = {name: psycopg.sql.SQL(q).format(s=psycopg.sql.Identifier(where))
+                       .as_string(conn) for name, (_, q) in forms.items()}
+            for r in range(rounds):
+                for name in (list(forms) if r % 2 == 0 else list(forms)[::-1]):
+                    n, query = forms[name][0], queries[name]
+                    t0 = time.perf_counter()
+                    for _ in range(block):
+                        rows = [(code, (made + k).to_bytes(16), key, ts, data) for k in range(n)]
+                        made += n
+                        if name == "bare INSERT":
+                            conn.execute(query, (made, ts, code, name, rows[0][1], key, data))
+                        elif name.startswith("VALUES"):
+                            conn.execute(query, [name, *(x for row in rows for x in row)])
+                        else:
+                            conn.execute(query, [n, name, n, *map(list, zip(*rows, strict=True))])
+                    per_entry[name].append((time.perf_counter() - t0) / block / n * 1e6)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {where} CASCADE")
+    floor = statistics.median(per_entry["bare INSERT"])
+    return {"rounds": rounds, "block": block,
+            "forms": {name: {"entries": forms[name][0], "us_per_entry": statistics.median(v),
+                             "vs_bare_insert": statistics.median(v) / floor}
+                      for name, v in per_entry.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)
@@ -439,6 +515,8 @@ def main() -> None:
                 print(f"{kind}: bytes stored ...", flush=True)
                 results["bytes"][kind] = asyncio.run(stored_bytes(kind, work, schema))
         if "postgres" in chosen:
+            print("append statements ...", flush=True)
+            results["postgres_append_statement"] = append_statements(schema)
             print("storage format ...", flush=True)
             results["postgres_entry_column"] = storage_format(schema)
     finally:
@@ -483,6 +561,12 @@ def _print(r: dict[str, Any]) -> None:
             sizes = "  ".join(f"N={n}: {v['ratio']:.3f}x" for n, v in b.items()
                               if isinstance(v, dict))
             print(f"{kind:9} {sizes}  each further entry: {b['marginal_ratio']:.3f}x")
+    if "postgres_append_statement" in r:
+        print("\nPostgreSQL append statement, server cost per entry (synchronous_commit off, "
+              "alternating blocks)")
+        print(f"{'form':32} {'us/entry':>9} {'x bare INSERT':>14}")
+        for name, st in r["postgres_append_statement"]["forms"].items():
+            print(f"{name:32} {st['us_per_entry']:>9.0f} {st['vs_bare_insert']:>14.2f}")
     if "postgres_entry_column" not in r:
         return
     f = r["postgres_entry_column"]

@@ -19,7 +19,7 @@ import pytest
 from threadline.session import PostgresStore, SessionRecord
 
 ONE_SESSION = ("load", "session", "delete_session", "delete_entries", "stored_batch",
-               "watch_start", "watch_read", "append")
+               "watch_start", "watch_read", "append", "append1", "append2")
 ALL_SESSIONS = ("list_first", "list_after")
 
 PARAMS: dict[str, Any] = {
@@ -27,8 +27,9 @@ PARAMS: dict[str, Any] = {
     "stored_batch": ("s", [b"\0a", b"\0b"]), "watch_start": {"sid": "s", "after": b"\0a"},
     "watch_read": ("s", 0), "list_first": (10,),
     "list_after": ("2024-01-01T00:00:00Z", "s", 10),
-    "append": {"sid": "s", "n": 1, "kinds": [0], "ids": [b"\0a"], "parents": [None],
-               "ts": [None], "datas": [b"{}"]},
+    "append": (1, "s", 1, [0], [b"\0a"], [None], [None], [b"{}"]),
+    "append1": ("s", 0, b"\0a", None, None, b"{}"),
+    "append2": ("s", 0, b"\0a", None, None, b"{}", 0, b"\0b", b"\0a", 1, b"{}"),
 }
 
 

@@ -21,8 +21,8 @@ from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
 from threadline.session._codec import encode_entry
-from threadline.session._postgres import MIGRATIONS
-from threadline.session._rows import id_key, id_text
+from threadline.session._postgres import _VALUES_MAX, MIGRATIONS
+from threadline.session._rows import compact, id_key, id_text
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener, check_concurrent_log
 
@@ -158,6 +158,9 @@ async def test_processes_migrating_a_new_schema_at_once(pg_url: str, pg_schema: 
     assert _rows(pg_url, f"SELECT count(*) FROM {pg_schema}.sessions") == [(4,)]
 
 
+_SIZES = (1, 2, 3, _VALUES_MAX, _VALUES_MAX + 1)
+
+
 def _append_chain(url: str, schema: str, sid: str, writer: int, count: int, *,
                   prepare_threshold: int | None = 5) -> list[str]:
     async def run() -> list[str]:
@@ -166,9 +169,10 @@ def _append_chain(url: str, schema: str, sid: str, writer: int, count: int, *,
         async with PostgresStore(url, schema=schema, max_size=1,
                                  prepare_threshold=prepare_threshold) as store:
             for n in range(count):
-                # Batches of 1-3 entries: a batch must stay contiguous.
+                # A batch must stay contiguous, in either form of the append
+                # statement (a VALUES list up to _VALUES_MAX entries, arrays above).
                 batch = []
-                for k in range(1 + (writer + n) % 3):
+                for k in range(_SIZES[(writer + n) % len(_SIZES)]):
                     entry = _entry(f"w{writer} {n}.{k}", parent)
                     parent = entry.id
                     batch.append(entry)
@@ -183,6 +187,94 @@ async def test_s4_processes_appending_to_one_session_keep_one_order(
     pg_url: str, pg_schema: str
 ) -> None:
     await check_processes_keep_one_order(pg_url, pg_url, pg_schema)
+
+
+@pytest.mark.parametrize("size", [1, 2, _VALUES_MAX, _VALUES_MAX + 1])
+async def test_s25_both_forms_of_the_append_store_alike_and_refuse_repeats_whole(
+    pg_url: str, pg_schema: str, size: int
+) -> None:
+    # Up to _VALUES_MAX entries the append statement is a VALUES list, above it
+    # unnest's arrays: either side of the edge, the same rows, numbered the same,
+    # a retry accepted and every other repeat refused with nothing stored.
+    async with PostgresStore(pg_url, schema=pg_schema, prepare_threshold=0) as store:
+        await store.create_session(SessionRecord(id="s"))
+        root = _entry("root")
+        await store.append_entries("s", [root])
+        batch: list[MessageEntry] = []
+        for n in range(size):
+            batch.append(_entry(f"e{n}", (batch[-1] if batch else root).id))
+        await store.append_entries("s", batch)
+        await store.append_entries("s", batch)  # the retry of a lost acknowledgement
+        last = batch[-1]
+        changed = MessageEntry(id=last.id, parent_id=last.parent_id, timestamp=last.timestamp,
+                               message=UserMessage.of("other"))
+        fresh = _entry("fresh", last.id)
+        twice = [_entry(f"t{n}") for n in range(max(size, 2))]
+        twice[-1] = twice[0]
+        refused = [([*batch[:-1], changed], "different content"),
+                   ([*batch, fresh], "is new but others are stored"),
+                   ([fresh, *batch[1:], root], "is new but others are stored"),
+                   (twice, "holds one id twice")]
+        for attempt, why in refused:
+            with pytest.raises(StoreError, match=why):
+                await store.append_entries("s", attempt)
+        loaded = await store.load_entries("s")
+        assert [encode_entry(e) for e in loaded] == [encode_entry(e) for e in [root, *batch]]
+        assert _rows(pg_url, f"SELECT seq FROM {pg_schema}.entries ORDER BY seq") == [
+            (n,) for n in range(1, size + 2)]
+        # The counter names the last entry, so append_linear chains after it,
+        # in the same form of the statement.
+        chain: list[MessageEntry] = []
+        for n in range(size):
+            chain.append(_entry(f"l{n}", chain[-1].id if chain else None))
+        linear = await store.append_linear("s", chain)
+        assert [e.parent_id for e in linear] == [last.id, *(e.id for e in linear[:-1])]
+        assert [e.id for e in await store.load_entries_after("s", last.id)] == [
+            e.id for e in linear]
+
+
+# The append of the release before the VALUES form (schema version 4 too),
+# as a process still running it sends it.
+_PREVIOUS_APPEND = (
+    "WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s "
+    "WHERE session_id = %(sid)s RETURNING next_seq - %(n)s AS base) "
+    "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, data) "
+    "SELECT s.base + e.ord, e.ts, e.kind, %(sid)s, e.entry_id, e.parent_id, e.data "
+    "FROM s, unnest(%(kinds)s::smallint[], %(ids)s::bytea[], %(parents)s::bytea[], "
+    "%(ts)s::bigint[], %(datas)s::bytea[]) "
+    "WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, data, ord)")
+
+
+async def test_s38_appends_of_the_previous_release_and_this_one_share_a_session(
+    pg_url: str, pg_schema: str
+) -> None:
+    # Same schema, same counter: during a rolling upgrade both releases append
+    # to one session, and neither's entries are lost, renumbered or refused.
+    async with PostgresStore(pg_url, schema=pg_schema) as store:
+        await store.create_session(SessionRecord(id="s"))
+        log: list[MessageEntry] = []
+
+        def chain(n: int) -> list[MessageEntry]:
+            batch: list[MessageEntry] = []
+            for k in range(n):
+                parent = batch[-1] if batch else (log[-1] if log else None)
+                batch.append(_entry(f"{len(log)}.{k}", None if parent is None else parent.id))
+            log.extend(batch)
+            return batch
+
+        for n in (1, _VALUES_MAX + 1, 3):
+            await store.append_entries("s", chain(n))
+            old = chain(n)
+            rows = [compact(e, encode_entry(e, session_id="s")) for e in old]
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(_PREVIOUS_APPEND.replace("{s}", pg_schema).encode(), {
+                    "sid": "s", "n": n, **{k: [r[i] for r in rows] for i, k in enumerate(
+                        ("kinds", "ids", "parents", "ts", "datas"))}})
+        await store.append_entries("s", log[-2:])  # a retry over the old release's rows
+        assert [encode_entry(e) for e in await store.load_entries("s")] == [
+            encode_entry(e) for e in log]
+        assert _rows(pg_url, f"SELECT seq FROM {pg_schema}.entries ORDER BY seq") == [
+            (n,) for n in range(1, len(log) + 1)]
 
 
 async def check_processes_keep_one_order(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -198,18 +199,36 @@ MIGRATIONS: tuple[tuple[int, str | Callable[[Conn, sql.Identifier], Awaitable[No
     (4, _compact_rows),
 )
 
+_APPEND_INSERT = ("INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, "
+                  "data) SELECT s.base + e.ord, e.ts, e.kind, s.session_id, e.entry_id, "
+                  "e.parent_id, e.data FROM s, ")
+# Up to this many entries an append lists them in VALUES: one entry costs the
+# server ~1.15x a bare INSERT's round trip that way, against ~2.5x through
+# unnest's arrays; from about 16 entries the arrays cost less per entry
+# (bench/sql_stores.py, the append statement table).
+_VALUES_MAX = 8
+
+
+def _append_values(n: int) -> str:
+    """The append statement for ``n`` entries (``n <= _VALUES_MAX``) as a VALUES list."""
+    row = "(%s::smallint, %s::bytea, %s::bytea, %s::bigint, %s::bytea, {})"
+    return (f"WITH s AS (UPDATE {{s}}.sessions SET next_seq = next_seq + {n} "
+            f"WHERE session_id = %s RETURNING session_id, next_seq - {n} AS base) "
+            + _APPEND_INSERT + "(VALUES " + ", ".join(row.format(i) for i in range(1, n + 1))
+            + ") AS e(kind, entry_id, parent_id, ts, data, ord)")
+
+
 _Q = {
     "create": "INSERT INTO {s}.sessions (session_id, parent_id, created_at) "
               "VALUES (%s, %s, %s) ON CONFLICT (session_id) DO NOTHING",
     # One statement: the UPDATE's row lock orders appenders to one session and
-    # its RETURNING numbers the new entries.
-    "append": "WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s "
-              "WHERE session_id = %(sid)s RETURNING next_seq - %(n)s AS base) "
-              "INSERT INTO {s}.entries (seq, ts, kind, session_id, entry_id, parent_id, data) "
-              "SELECT s.base + e.ord, e.ts, e.kind, %(sid)s, e.entry_id, e.parent_id, e.data "
-              "FROM s, unnest(%(kinds)s::smallint[], %(ids)s::bytea[], %(parents)s::bytea[], "
-              "%(ts)s::bigint[], %(datas)s::bytea[]) "
-              "WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, data, ord)",
+    # its RETURNING numbers the new entries. Arrays in binary (``%b``): as text,
+    # every bytea would be hex-escaped by the driver and parsed by the server.
+    "append": "WITH s AS (UPDATE {s}.sessions SET next_seq = next_seq + %s "
+              "WHERE session_id = %s RETURNING session_id, next_seq - %s AS base) "
+              + _APPEND_INSERT + "unnest(%b::smallint[], %b::bytea[], %b::bytea[], "
+              "%b::bigint[], %b::bytea[]) WITH ORDINALITY AS e(kind, entry_id, parent_id, ts, "
+              "data, ord)",
     "load": "SELECT e.seq, e.kind, e.entry_id, e.parent_id, e.ts, e.data "
             "FROM {s}.sessions s LEFT JOIN {s}.entries e "
             "ON e.session_id = s.session_id WHERE s.session_id = %s ORDER BY e.seq",
@@ -341,7 +360,8 @@ class PostgresStore:
             raise ConfigError(f"PostgresStore needs a URL or an AsyncConnectionPool, got "
                               f"{type(url_or_pool).__name__}")
         ident = sql.Identifier(schema)
-        self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in _Q.items()}
+        queries = {**_Q, **{f"append{n}": _append_values(n) for n in range(1, _VALUES_MAX + 1)}}
+        self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in queries.items()}
         self._ready = False
         self._closed = False
         conninfo = url_or_pool if isinstance(url_or_pool, str) else self._pool.conninfo
@@ -546,12 +566,12 @@ class PostgresStore:
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        params = _append_params(sid, entries, datas)
+        query, params = _append_args(sid, entries, datas)
         ids = [e.id for e in entries]
 
         async def op(conn: Conn) -> int:
             try:
-                cur = await conn.execute(self._q["append"], params)
+                cur = await conn.execute(self._q[query], params)
             except psycopg.errors.UniqueViolation as exc:
                 raise _Repeated() from exc
             if cur.rowcount:
@@ -789,7 +809,8 @@ class PostgresStore:
                 parent = None if last is None or last[0] is None else id_text(bytes(last[0]))
                 stored[:] = chain_after(entries, parent)
                 try:
-                    cur = await conn.execute(self._q["append"], _append_params(sid, stored))
+                    query, params = _append_args(sid, stored)
+                    cur = await conn.execute(self._q[query], params)
                 except psycopg.errors.UniqueViolation as exc:
                     raise _Repeated() from exc
             await self._notify(conn, sid)
@@ -841,15 +862,14 @@ def _stop_listener(here: _LoopPool) -> None:
         here.listener.cancel()
 
 
-def _append_params(sid: str, entries: Sequence[Entry],
-                   datas: Sequence[bytes] | None = None) -> dict[str, Any]:
+def _append_args(sid: str, entries: Sequence[Entry],
+                 datas: Sequence[bytes] | None = None) -> tuple[str, list[Any]]:
+    """The name of the append statement for ``entries`` in ``_q``, and its parameters."""
     # ``datas``: the entries as encode_entry gave them, when the caller has them.
     if datas is None:
         datas = [encode_entry(e, session_id=sid) for e in entries]
     rows = [compact(e, d) for e, d in zip(entries, datas, strict=True)]
-    return {
-        "sid": sid, "n": len(rows), "kinds": [r[0] for r in rows], "ids": [r[1] for r in rows],
-        "parents": [r[2] for r in rows], "ts": [r[3] for r in rows],
-        "datas": [r[4] for r in rows],
-    }
-
+    if len(rows) <= _VALUES_MAX:
+        return f"append{len(rows)}", [sid, *itertools.chain.from_iterable(rows)]
+    n = len(rows)
+    return "append", [n, sid, n, *map(list, zip(*rows, strict=True))]
