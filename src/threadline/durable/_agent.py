@@ -732,7 +732,10 @@ class _Pump:
                 input: list[Message]) -> AsyncIterator[AgentEvent]:
         loop = factory()
         if isinstance(loop, AgentLoop):
-            self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
+            approval = self._agent._approval
+            if self._resume is None and effects.nothing_to_track(loop.tools, approval):
+                return loop.run(context, input, abort=self._abort, gate=effects.PLAIN_GATE)
+            self._ledger = effects.Ledger(self._agent, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
                             resume=self._resume)
         if self._resume is not None:

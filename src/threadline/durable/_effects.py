@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APPROVAL_DECIDED",
     "APPROVAL_REQUESTED",
+    "PLAIN_GATE",
     "TOOL_PLAN",
     "TOOL_STARTED",
     "ApprovalDecision",
@@ -68,6 +69,7 @@ __all__ = [
     "ToolPlan",
     "ToolStarted",
     "describe_record",
+    "nothing_to_track",
     "pending_approvals",
 ]
 
@@ -502,6 +504,41 @@ class _PlainTurn:
         assistant = self.turn.assistant
         return self.keys.get(call_id) or idempotency_key(
             assistant.origin_id or assistant.id, call_id)
+
+
+def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
+    """Whether a fresh run of these tools needs no ledger, only ``PLAIN_GATE`` (S43).
+
+    True when no call can be tracked (no agent-wide rule; no tool with side
+    effects or an approval rule) and no tool can see its ``ToolContext``
+    (none declares one, none overrides ``execute``): the ledger would write
+    no record and compute idempotency keys nobody reads. A resumed run always
+    has its ledger, since the stored turn may hold records of other tools.
+    """
+    return rule is None and all(
+        not tool.side_effects and not tool.approval and tool._context_param is None
+        and type(tool).execute is Tool.execute
+        for tool in tools.values())
+
+
+class _PlainGate:
+    """The gate of a run with nothing to track: every call runs, unrecorded.
+
+    A gate all the same, so the loop validates each call before its receipt
+    reaches the consumer, as it does under the ledger: a consumer changing
+    the receipt's arguments does not change what the tool runs with.
+    """
+
+    async def admit(self, call: ToolCall, tool: Tool,
+                    arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
+        return None
+
+    async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
+        # No tool of the run reads it (nothing_to_track).
+        return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id)
+
+
+PLAIN_GATE = _PlainGate()
 
 
 class Ledger:
