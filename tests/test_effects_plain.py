@@ -211,3 +211,29 @@ def durable_user(text: str) -> Any:
     from threadline.ai import UserMessage
 
     return UserMessage.of(text)
+
+
+async def test_s43_with_a_ledger_an_untracked_call_that_reads_its_context_gets_its_key() -> None:
+    # A side-effect tool in the loop gives the run a ledger; the ledger skips
+    # the key only for an untracked call whose tool cannot read it.
+    seen: list[ToolContext] = []
+
+    @tool(side_effects=True)
+    def charge(amount: int) -> str:
+        """Charge."""
+        return "charged"
+
+    @tool
+    def keyed(ctx: ToolContext) -> str:
+        """Untracked, but it reads its key."""
+        seen.append(ctx)
+        return "ok"
+
+    script = [Turn(Call("look", {"q": "x"}, id="c1"), Call("keyed", {}, id="c2")),
+              Turn.text("done")]
+    agent = await durable.open(durable.model(ScriptedModel(script), [look, keyed, charge]),
+                               store=MemoryStore())
+    await agent.run("go").collect()
+    (ctx,) = seen
+    assert ctx.idempotency_key == idempotency_key(assistant_entry(agent.entries, "c2").id, "c2")
+    assert kinds(agent.entries) == []  # nothing tracked in that turn

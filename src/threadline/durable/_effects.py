@@ -516,9 +516,13 @@ def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
     has its ledger, since the stored turn may hold records of other tools.
     """
     return rule is None and all(
-        not tool.side_effects and not tool.approval and tool._context_param is None
-        and type(tool).execute is Tool.execute
+        not tool.side_effects and not tool.approval and not _sees_context(tool)
         for tool in tools.values())
+
+
+def _sees_context(tool: Tool) -> bool:
+    """Whether ``tool`` can read the ``ToolContext`` it is given (else nobody can)."""
+    return tool._context_param is not None or type(tool).execute is not Tool.execute
 
 
 class _PlainGate:
@@ -705,9 +709,11 @@ class Ledger:
         sid = self._agent.session_id
         plain = self._untracked_turn()
         if plain is not None and self._index is None and call.id in plain.call_ids:
-            # Nothing is recorded for it, and no started record can name its key.
+            # Nothing is recorded for it, and no started record can name its key;
+            # a tool that cannot read the key does not need it worked out.
+            key = plain.key(call.id) if _sees_context(tool) else call.id
             return ToolContext(call_id=call.id, tool_name=call.name,
-                               idempotency_key=plain.key(call.id), session_id=sid, attempt=1)
+                               idempotency_key=key, session_id=sid, attempt=1)
         state = self._state(call)
         if state is None:
             return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id,
