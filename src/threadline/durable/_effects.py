@@ -497,8 +497,9 @@ class _PlainTurn:
 
     def __init__(self, turn: _Turn) -> None:
         self.turn = turn
-        self.keys = turn.keys()
-        self.call_ids = frozenset(c.id for c in turn.message.tool_calls)
+        # A turn the run just stored has nothing after it: no records to read.
+        self.keys = turn.keys() if turn.after else {}
+        self.call_ids = {p.id for p in turn.message.content if isinstance(p, ToolCall)}
 
     def key(self, call_id: str) -> str:
         assistant = self.turn.assistant
@@ -650,7 +651,8 @@ class Ledger:
             return cached[1]
         turn = _tip(self._agent.tree)
         plain = None
-        if turn is not None and not turn.tracked() and not turn.requests():
+        # Nothing after its message (the turn the run just stored): no plan, no request.
+        if turn is not None and (not turn.after or not (turn.tracked() or turn.requests())):
             plain = _PlainTurn(turn)
         self._plain = (leaf, plain)
         return plain
