@@ -529,9 +529,10 @@ def _sees_context(tool: Tool) -> bool:
 class _PlainGate:
     """The gate of a run with nothing to track: every call runs, unrecorded.
 
-    A gate all the same, so the loop validates each call before its receipt
-    reaches the consumer, as it does under the ledger: a consumer changing
-    the receipt's arguments does not change what the tool runs with.
+    A gate all the same: the loop then validates every call of a message
+    before running any, right after the message's receipt is put, so (as
+    under the ledger) the consumer, which runs only once the pump waits, does
+    not get to change the arguments a tool runs with.
     """
 
     async def admit(self, call: ToolCall, tool: Tool,
