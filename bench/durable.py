@@ -35,6 +35,9 @@ a time from the bottom up (a store that keeps nothing, no ledger, no copies,
 no append at all), all measured in CPU time (``time.thread_time``, which other
 jobs on a shared machine disturb far less than wall time), median of the
 repetitions. The steps between them are the per-message cost of each part.
+The run's tools need no effect ledger (S43); the same run with a tool that
+has side effects in the loop (never called) takes the ledger's path for
+every call, as every run did before S43.
 
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
@@ -114,6 +117,12 @@ def make_loop() -> AgentLoop:
 
 def make_tracked_loop() -> AgentLoop:
     return AgentLoop(ScriptedModel(script("charge")), [charge], max_turns=None)
+
+
+def make_ledger_loop() -> AgentLoop:
+    # The same calls of `lookup`; `charge` is never called, but a loop that
+    # holds a tool with side effects gets the effect ledger (S43).
+    return AgentLoop(ScriptedModel(script()), [lookup, charge], max_turns=None)
 
 
 # Per tool call the tracked run stores a plan (in the assistant's own append)
@@ -255,7 +264,7 @@ def _without(*parts: str) -> Iterator[None]:
 BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
     ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
     ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
-    ("effect ledger (untracked calls)", ("copies",), KeepNothing),
+    ("effect ledger (none for these tools: S43)", ("copies",), KeepNothing),
     ("held copies (S40)", (), KeepNothing),
     ("memory store append (its S16 check)", (), MemoryStore),
 ]
@@ -269,8 +278,8 @@ async def cpu_bare() -> float:
     return time.thread_time() - t
 
 
-async def cpu_durable(store: Store) -> float:
-    agent = await durable.open(make_loop, store=store)
+async def cpu_durable(store: Store, factory: Callable[[], AgentLoop] = make_loop) -> float:
+    agent = await durable.open(factory, store=store)
     t = time.thread_time()
     async for _ in agent.run(INPUT):
         pass
@@ -279,7 +288,7 @@ async def cpu_durable(store: Store) -> float:
 
 async def breakdown(reps: int) -> dict[str, Any]:
     """CPU time per message of each part of a durable memory run, and the two ratios."""
-    cpu: dict[str, list[float]] = {"bare": []}
+    cpu: dict[str, list[float]] = {"bare": [], LEDGER_RUN: []}
     cpu.update({label: [] for label, _, _ in BREAKDOWN_STEPS})
     for _ in range(reps):
         gc.collect()
@@ -288,6 +297,8 @@ async def breakdown(reps: int) -> dict[str, Any]:
             gc.collect()
             with _without(*off):
                 cpu[label].append(await cpu_durable(make_store()))
+        gc.collect()
+        cpu[LEDGER_RUN].append(await cpu_durable(MemoryStore(), make_ledger_loop))
     medians = {k: statistics.median(v) for k, v in cpu.items()}
     steps: dict[str, float] = {}
     before = medians["bare"]
@@ -301,10 +312,15 @@ async def breakdown(reps: int) -> dict[str, Any]:
         "steps_us_per_message": steps,
         CPU_KEY: statistics.median(
             d / b for d, b in zip(cpu[full], cpu["bare"], strict=True)),
+        "ledger_run_us_per_message": medians[LEDGER_RUN] / MESSAGES * 1e6,
+        LEDGER_KEY: statistics.median(
+            d / b for d, b in zip(cpu[LEDGER_RUN], cpu["bare"], strict=True)),
     }
 
 
 CPU_KEY = "durable_memory / bare (cpu, median of paired)"
+LEDGER_RUN = "the same run with a ledger"
+LEDGER_KEY = "durable_memory with a ledger / bare (cpu, median of paired)"
 
 
 def print_breakdown(parts: dict[str, Any], reps: int) -> None:
@@ -314,6 +330,9 @@ def print_breakdown(parts: dict[str, Any], reps: int) -> None:
         print(f"{'+ ' + name:<48} {value:>6.1f} µs")
     print(f"{'= durable run, memory store':<48} {parts['durable_memory_us_per_message']:>6.1f} µs")
     print(f"{CPU_KEY:<48} {parts[CPU_KEY]:>6.2f}x")
+    print(f"{'the same run, a side-effect tool in the loop':<48} "
+          f"{parts['ledger_run_us_per_message']:>6.1f} µs (ledger on every call, S43)")
+    print(f"{LEDGER_KEY:<48} {parts[LEDGER_KEY]:>6.2f}x")
 
 
 def floor(lines: list[bytes], path: Path) -> float:
@@ -472,6 +491,8 @@ async def main() -> None:
             "steps_us_per_message": {k: round(v, 2)
                                      for k, v in parts["steps_us_per_message"].items()},
             CPU_KEY: round(parts[CPU_KEY], 3),
+            "ledger_run_us_per_message": round(parts["ledger_run_us_per_message"], 2),
+            LEDGER_KEY: round(parts[LEDGER_KEY], 3),
         },
         "all_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()},
     }, indent=2) + "\n")

@@ -223,6 +223,11 @@ async def test_s40_changing_the_loops_objects_after_the_event_changes_nothing_he
     pytest.param({1: "x"}, id="int-key"),
     pytest.param(float("nan"), id="nan"),
     pytest.param(b"raw", id="bytes"),
+    # One level of string keys is copied with dict() rather than round-tripped:
+    # what is inside must still be refused.
+    pytest.param({"x": float("nan")}, id="nan-in-a-flat-dict"),
+    pytest.param({"x": (1, 2)}, id="tuple-in-a-flat-dict"),
+    pytest.param({"x": b"raw"}, id="bytes-in-a-flat-dict"),
 ])
 async def test_s40_a_result_a_copy_would_change_fails_the_run_and_stores_nothing(
     store: Store, details: Any,
@@ -245,6 +250,60 @@ async def test_s40_a_result_a_copy_would_change_fails_the_run_and_stores_nothing
     assert stored == agent.entries
     assert not any(isinstance(e, MessageEntry) and isinstance(e.message, ToolResultMessage)
                    for e in stored)
+
+
+async def test_s40_flat_details_and_arguments_are_copied_not_shared(store: Store) -> None:
+    # A flat dict (string keys, scalars) is held as a dict() copy: changing the
+    # loop's dict after the event, at its only level, must not reach the copy.
+    kept: list[dict[str, Any]] = []
+
+    @tool
+    async def report(q: str, n: int) -> ToolResult:
+        """Report with flat details the tool keeps a handle on."""
+        details = {"note": "first", "n": n, "ok": True, "none": None, "f": 1.5}
+        kept.append(details)
+        return ToolResult.text("done", details=details)
+
+    script = [Turn(Text("checking"), Call("report", {"q": "x", "n": 1})), Turn.text("ok")]
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(script), [report]),
+                               store=store)
+    async for ev in agent.run("go"):
+        if isinstance(ev, StoredMessageEnd) and isinstance(ev.message, ToolResultMessage):
+            kept[0]["note"] = "changed by the tool"
+            del kept[0]["n"]
+        if isinstance(ev, StoredMessageEnd) and isinstance(ev.message, AssistantMessage) and \
+                ev.message.tool_calls:
+            ev.message.tool_calls[0].arguments["q"] = "changed"
+            ev.message.tool_calls[0].arguments["extra"] = 2
+    reopened = await durable.open(None, store=store, session_id=agent.session_id)
+    assert reopened.entries == agent.entries
+    results = [e.message for e in agent.entries if isinstance(e, MessageEntry)
+               and isinstance(e.message, ToolResultMessage)]
+    assert [r.details for r in results] == [
+        {"note": "first", "n": 1, "ok": True, "none": None, "f": 1.5}]
+    calls = [c for e in agent.entries if isinstance(e, MessageEntry)
+             for c in getattr(e.message, "tool_calls", ())]
+    assert [c.arguments for c in calls] == [{"q": "x", "n": 1}]
+
+
+async def test_s40_nested_arguments_are_copied_to_the_bottom(store: Store) -> None:
+    # One nested value sends the whole message through the full copy; a
+    # dict() copy would share the inner list.
+    @tool
+    async def find(q: str, tags: list[str]) -> str:
+        """Find."""
+        return "found"
+
+    script = [Turn(Call("find", {"q": "x", "tags": ["a"]})), Turn.text("ok")]
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(script), [find]), store=store)
+    async for ev in agent.run("go"):
+        if isinstance(ev, StoredMessageEnd) and isinstance(ev.message, AssistantMessage) and \
+                ev.message.tool_calls:
+            ev.message.tool_calls[0].arguments["tags"].append("changed")
+    calls = [c for e in agent.entries if isinstance(e, MessageEntry)
+             for c in getattr(e.message, "tool_calls", ())]
+    assert [c.arguments for c in calls] == [{"q": "x", "tags": ["a"]}]
+    assert (await store.load_entries(agent.session_id)) == agent.entries
 
 
 def _model_check(model: LanguageModel) -> None:

@@ -732,7 +732,10 @@ class _Pump:
                 input: list[Message]) -> AsyncIterator[AgentEvent]:
         loop = factory()
         if isinstance(loop, AgentLoop):
-            self._ledger = effects.Ledger(self._agent, loop.tools, self._agent._approval)
+            approval = self._agent._approval
+            if self._resume is None and effects.nothing_to_track(loop.tools, approval):
+                return loop.run(context, input, abort=self._abort, gate=effects.PLAIN_GATE)
+            self._ledger = effects.Ledger(self._agent, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
                             resume=self._resume)
         if self._resume is not None:
@@ -886,9 +889,9 @@ _message_copier = msgspec.msgpack.Decoder(MessageEntry)
 def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
     """Copies of ``batch`` for the agent to hold and the store to check (S16, S40).
 
-    A run appends one message entry per message. One that holds nothing
-    mutable needs no copy (see ``_frozen``). Otherwise a typed MessagePack
-    round trip copies it in a third of ``stored_form``'s time (which encodes,
+    A run appends one message entry per message. Most need no copy or a
+    shallow one (see ``_light_copy``). Otherwise a typed MessagePack round
+    trip copies it in a third of ``stored_form``'s time (which encodes,
     decodes and re-encodes to check it). The copy is used only if it equals
     the entry, so nothing the round trip would change slips through: the
     store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
@@ -898,9 +901,10 @@ def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
 
 
 def _held_copy(entry: Entry, session_id: str) -> Entry:
-    if _frozen(entry):
-        return entry
     if type(entry) is MessageEntry:
+        light = _light_copy(entry)
+        if light is not None:
+            return light
         try:
             copy = _message_copier.decode(_copy_encoder.encode(entry))
         except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
@@ -914,25 +918,56 @@ def _held_copy(entry: Entry, session_id: str) -> Entry:
 _SCALARS = frozenset({type(None), str, int, float, bool})
 
 
-def _frozen(entry: Entry) -> bool:
-    """True for a message entry nothing can change: no call arguments, no free-form details.
+def _light_copy(entry: MessageEntry) -> MessageEntry | None:
+    """The entry as it is if nothing in it can change, or with copies of its flat dicts.
 
-    Message structs are frozen and their other fields are strings, numbers
+    Message structs are frozen and their typed fields hold strings, numbers
     and tuples of frozen parts. A value of another type in them cannot pass
-    the store's check (S16), and the entry is held only once the store took it.
+    the store's check (S16), and the entry is held only once the store took
+    it. What can change is untyped: tool call ``arguments`` and a result's
+    ``details``. Scalar details need nothing; a flat dict (string keys,
+    scalar values, as a model sends arguments) is copied with ``dict``, a
+    tenth of the round trip's time, leaving nothing shared that can change.
+    None (anything nested, other keys) takes the round trip. A scalar JSON
+    cannot carry exactly (NaN) is the store's to refuse.
     """
-    if type(entry) is not MessageEntry:
-        return False
     message = entry.message
+    if type(message.content) is not tuple:
+        return None
+    replace = msgspec.structs.replace
+    if type(message) is UserMessage:
+        return entry
     if type(message) is ToolResultMessage:
-        if type(message.details) not in _SCALARS:
-            return False
-    elif type(message) is AssistantMessage:
-        if any(type(part) is ToolCall for part in message.content):
-            return False
-    elif type(message) is not UserMessage:
-        return False
-    return type(message.content) is tuple
+        details = message.details
+        if type(details) in _SCALARS:
+            return entry
+        copied = _flat_copy(details)
+        if copied is None:
+            return None
+        return replace(entry, message=replace(message, details=copied))
+    if type(message) is not AssistantMessage:
+        return None
+    parts: list[Any] | None = None
+    for i, part in enumerate(message.content):
+        if type(part) is ToolCall:
+            arguments = _flat_copy(part.arguments)
+            if arguments is None:
+                return None
+            if parts is None:
+                parts = list(message.content)
+            parts[i] = replace(part, arguments=arguments)
+    if parts is None:
+        return entry
+    return replace(entry, message=replace(message, content=tuple(parts)))
+
+
+def _flat_copy(value: Any) -> dict[str, Any] | None:
+    if type(value) is not dict:
+        return None
+    for key, item in value.items():
+        if type(key) is not str or type(item) not in _SCALARS:
+            return None
+    return dict(value)
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

@@ -40,8 +40,13 @@ class Channel(Generic[T]):
         """Buffer ``item``; True when full (the producer then awaits ``room()``)."""
         items = self._items
         items.append(item)
-        if self._getter is not None:
-            self._wake_getter()
+        getter = self._getter
+        if getter is not None:
+            # Woken once: the consumer runs only after the pump stops, so the
+            # items put until then need no wake-up of their own.
+            self._getter = None
+            if not getter.done():
+                getter.set_result(None)
         return len(items) >= self._limit
 
     async def room(self) -> None:

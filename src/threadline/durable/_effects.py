@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APPROVAL_DECIDED",
     "APPROVAL_REQUESTED",
+    "PLAIN_GATE",
     "TOOL_PLAN",
     "TOOL_STARTED",
     "ApprovalDecision",
@@ -68,6 +69,7 @@ __all__ = [
     "ToolPlan",
     "ToolStarted",
     "describe_record",
+    "nothing_to_track",
     "pending_approvals",
 ]
 
@@ -495,13 +497,54 @@ class _PlainTurn:
 
     def __init__(self, turn: _Turn) -> None:
         self.turn = turn
-        self.keys = turn.keys()
-        self.call_ids = frozenset(c.id for c in turn.message.tool_calls)
+        # A turn the run just stored has nothing after it: no records to read.
+        self.keys = turn.keys() if turn.after else {}
+        self.call_ids = {p.id for p in turn.message.content if isinstance(p, ToolCall)}
 
     def key(self, call_id: str) -> str:
         assistant = self.turn.assistant
         return self.keys.get(call_id) or idempotency_key(
             assistant.origin_id or assistant.id, call_id)
+
+
+def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
+    """Whether a fresh run of these tools needs no ledger, only ``PLAIN_GATE`` (S43).
+
+    True when no call can be tracked (no agent-wide rule; no tool with side
+    effects or an approval rule) and no tool can see its ``ToolContext``
+    (none declares one, none overrides ``execute``): the ledger would write
+    no record and compute idempotency keys nobody reads. A resumed run always
+    has its ledger, since the stored turn may hold records of other tools.
+    """
+    return rule is None and all(
+        not tool.side_effects and not tool.approval and not _sees_context(tool)
+        for tool in tools.values())
+
+
+def _sees_context(tool: Tool) -> bool:
+    """Whether ``tool`` can read the ``ToolContext`` it is given (else nobody can)."""
+    return tool._context_param is not None or type(tool).execute is not Tool.execute
+
+
+class _PlainGate:
+    """The gate of a run with nothing to track: every call runs, unrecorded.
+
+    A gate all the same: the loop then validates every call of a message
+    before running any, right after the message's receipt is put, so (as
+    under the ledger) the consumer, which runs only once the pump waits, does
+    not get to change the arguments a tool runs with.
+    """
+
+    async def admit(self, call: ToolCall, tool: Tool,
+                    arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
+        return None
+
+    async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
+        # No tool of the run reads it (nothing_to_track).
+        return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id)
+
+
+PLAIN_GATE = _PlainGate()
 
 
 class Ledger:
@@ -609,7 +652,8 @@ class Ledger:
             return cached[1]
         turn = _tip(self._agent.tree)
         plain = None
-        if turn is not None and not turn.tracked() and not turn.requests():
+        # Nothing after its message (the turn the run just stored): no plan, no request.
+        if turn is not None and (not turn.after or not (turn.tracked() or turn.requests())):
             plain = _PlainTurn(turn)
         self._plain = (leaf, plain)
         return plain
@@ -668,9 +712,11 @@ class Ledger:
         sid = self._agent.session_id
         plain = self._untracked_turn()
         if plain is not None and self._index is None and call.id in plain.call_ids:
-            # Nothing is recorded for it, and no started record can name its key.
+            # Nothing is recorded for it, and no started record can name its key;
+            # a tool that cannot read the key does not need it worked out.
+            key = plain.key(call.id) if _sees_context(tool) else call.id
             return ToolContext(call_id=call.id, tool_name=call.name,
-                               idempotency_key=plain.key(call.id), session_id=sid, attempt=1)
+                               idempotency_key=key, session_id=sid, attempt=1)
         state = self._state(call)
         if state is None:
             return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id,
