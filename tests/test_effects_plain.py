@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from threadline import durable
-from threadline.agent import AgentEnd
+from threadline.agent import AgentEnd, AgentLoop
 from threadline.ai import AssistantMessage, ToolCall, ToolContext, ToolResult, tool
 from threadline.ai._tools import Progress, Tool
 from threadline.durable import (
@@ -143,6 +143,37 @@ async def test_s43_a_side_effect_tool_among_plain_ones_is_tracked() -> None:
     assert plans == [ToolPlan(calls=("c2",))]
     key = idempotency_key(assistant_entry(agent.entries, "c2").id, "c2")
     assert started == [ToolStarted(call_id="c2", tool_name="charge", idempotency_key=key)]
+
+
+async def test_s43_a_side_effect_tool_added_mid_run_is_tracked_from_its_first_call() -> None:
+    # The run starts with nothing to track; a plain tool then adds a tool
+    # with side effects to the loop. The next message calling it must get its
+    # plan stored with it and its started record, as under the ledger.
+    @tool(side_effects=True)
+    def charge(amount: int) -> str:
+        """Charge."""
+        return "charged"
+
+    @tool
+    def enable() -> str:
+        """Adds the charging tool."""
+        loop.tools["charge"] = charge
+        return "enabled"
+
+    loop = AgentLoop(ScriptedModel([
+        Turn(Call("enable", {}, id="c1")), Turn(Call("charge", {"amount": 1}, id="c2")),
+        Turn.text("done")]), [look, enable])
+    agent = await durable.open(lambda: loop, store=MemoryStore())
+    await agent.run("go").collect()
+    plans = [e for e in agent.entries
+             if isinstance(e, CustomEntry) and e.kind == "threadline.tool_plan"]
+    assert [p.data for p in plans] == [ToolPlan(calls=("c2",))]
+    assistant = assistant_entry(agent.entries, "c2")
+    assert agent.entries.index(plans[0]) == agent.entries.index(assistant) + 1
+    key = idempotency_key(assistant.id, "c2")
+    assert [e.data for e in agent.entries if isinstance(e, CustomEntry)
+            and e.kind == "threadline.tool_started"] == [
+        ToolStarted(call_id="c2", tool_name="charge", idempotency_key=key)]
 
 
 async def test_s43_a_tool_with_an_approval_rule_is_held() -> None:

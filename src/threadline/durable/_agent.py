@@ -28,6 +28,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.ai._model import LanguageModel
+from threadline.ai._tools import Tool
 from threadline.durable import _effects as effects
 from threadline.durable._channel import EMPTY, Channel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
@@ -703,6 +704,8 @@ class _Pump:
         self._agent = agent
         self._resume = resume
         self._ledger: effects.Ledger | None = None
+        # A run that started with nothing to track (S43): its gate and tools.
+        self._plain: tuple[effects.PlainGate, dict[str, Tool]] | None = None
         self._abort = asyncio.Event()
         self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
         self._pending_input = list(input_entries)
@@ -734,7 +737,9 @@ class _Pump:
         if isinstance(loop, AgentLoop):
             approval = self._agent._approval
             if self._resume is None and effects.nothing_to_track(loop.tools, approval):
-                return loop.run(context, input, abort=self._abort, gate=effects.PLAIN_GATE)
+                gate = effects.PlainGate()
+                self._plain = gate, loop.tools
+                return loop.run(context, input, abort=self._abort, gate=gate)
             self._ledger = effects.Ledger(self._agent, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
                             resume=self._resume)
@@ -751,7 +756,6 @@ class _Pump:
         channel = self.channel
         try:
             events = self._events(factory, context, input)
-            ledger = self._ledger
             async for event in events:
                 if isinstance(event, MessageEnd):
                     item: RunEvent = await self._store(event)
@@ -760,6 +764,7 @@ class _Pump:
                 if self._detached:
                     continue
                 full = channel.put(item)
+                ledger = self._ledger
                 if ledger is not None and ledger.notices:
                     for notice in ledger.drain():
                         full = channel.put(notice)
@@ -785,6 +790,9 @@ class _Pump:
             # cancellation-safe path and its extra task are not needed here.
             ledger = self._ledger
             message = event.message
+            if (ledger is None and self._plain is not None
+                    and isinstance(message, AssistantMessage) and message.tool_calls):
+                ledger = self._track_from_now()
             records = (await ledger.records_for(message)
                        if ledger is not None and isinstance(message, AssistantMessage)
                        and message.tool_calls else [])
@@ -792,6 +800,17 @@ class _Pump:
             if ledger is not None and records:
                 ledger.stored(written)
         return StoredMessageEnd(message=event.message, entries=tuple(written))
+
+    def _track_from_now(self) -> effects.Ledger | None:
+        """The ledger, made now, if the run's tools changed so that a call can be tracked."""
+        assert self._plain is not None
+        gate, tools = self._plain
+        approval = self._agent._approval
+        if effects.nothing_to_track(tools, approval):
+            return None
+        self._ledger = gate.ledger = effects.Ledger(self._agent, tools, approval)
+        self._plain = None
+        return self._ledger
 
 
 class Run:

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 __all__ = [
     "APPROVAL_DECIDED",
     "APPROVAL_REQUESTED",
-    "PLAIN_GATE",
     "TOOL_PLAN",
     "TOOL_STARTED",
     "ApprovalDecision",
@@ -66,6 +65,7 @@ __all__ = [
     "CallState",
     "Ledger",
     "PendingApproval",
+    "PlainGate",
     "ToolPlan",
     "ToolStarted",
     "describe_record",
@@ -508,7 +508,7 @@ class _PlainTurn:
 
 
 def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
-    """Whether a fresh run of these tools needs no ledger, only ``PLAIN_GATE`` (S43).
+    """Whether a fresh run of these tools needs no ledger, only a ``PlainGate`` (S43).
 
     True when no call can be tracked (no agent-wide rule; no tool with side
     effects or an approval rule) and no tool can see its ``ToolContext``
@@ -526,25 +526,33 @@ def _sees_context(tool: Tool) -> bool:
     return tool._context_param is not None or type(tool).execute is not Tool.execute
 
 
-class _PlainGate:
+class PlainGate:
     """The gate of a run with nothing to track: every call runs, unrecorded.
 
     A gate all the same: the loop then validates every call of a message
     before running any, right after the message's receipt is put, so (as
     under the ledger) the consumer, which runs only once the pump waits, does
-    not get to change the arguments a tool runs with.
+    not get to change the arguments a tool runs with. Once the run's tools
+    change so that a call can be tracked, the pump gives it a ``ledger``
+    before the message is stored, and every call from then on goes through it.
     """
+
+    __slots__ = ("ledger",)
+
+    def __init__(self) -> None:
+        self.ledger: Ledger | None = None
 
     async def admit(self, call: ToolCall, tool: Tool,
                     arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
+        if self.ledger is not None:
+            return await self.ledger.admit(call, tool, arguments)
         return None
 
     async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
+        if self.ledger is not None:
+            return await self.ledger.begin(call, tool)
         # No tool of the run reads it (nothing_to_track).
         return ToolContext(call_id=call.id, tool_name=call.name, idempotency_key=call.id)
-
-
-PLAIN_GATE = _PlainGate()
 
 
 class Ledger:
