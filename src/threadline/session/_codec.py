@@ -610,6 +610,12 @@ def _decode_chunks(data: bytes, start: int, end: int, chunk: int) -> list[Entry]
     pos = start
     while pos < end:
         stop = data.find(b"\n", min(pos + chunk, end) - 1, end) + 1
+        # Lines longer than a chunk (large batch lines) fit in no cache
+        # anyway; one at a time they loaded 5-10% slower than decoded
+        # together, so a run of them is one chunk.
+        while (stop - pos > chunk and stop < end
+               and data.find(b"\n", stop, min(stop + chunk, end)) < 0):
+            stop = data.find(b"\n", min(stop + chunk, end) - 1, end) + 1
         items: list[Any] = _line_decoder.decode_lines(view[pos:stop])
         entries += _flatten(items, entries[-1].id if entries else None)
         # Encoding back costs far less than decoding, and it also catches
