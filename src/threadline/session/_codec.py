@@ -595,7 +595,8 @@ _CHUNK = 1 << 18
 Small enough that the lines, their decoded values and the entries stay in
 the CPU's cache between the three steps. Decoding a whole file first, then
 building, then checking reads every byte and value back from memory: a load
-of 100,000 entries took 1.3 to 1.4 times as long (docs/benchmarks.md,
+of 100,000 single-append lines took about 1.35 times as long (1 MiB chunks
+did as well, 4 MiB no better than the whole file; docs/benchmarks.md,
 "Session file format")."""
 
 
