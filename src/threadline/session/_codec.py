@@ -595,7 +595,7 @@ _CHUNK = 1 << 18
 Small enough that the lines, their decoded values and the entries stay in
 the CPU's cache between the three steps. Decoding a whole file first, then
 building, then checking reads every byte and value back from memory: a load
-of 100,000 single-append lines took about 1.35 times as long (1 MiB chunks
+of 100,000 single-append lines took 1.3 to 1.5 times as long (1 MiB chunks
 did as well, 4 MiB no better than the whole file; docs/benchmarks.md,
 "Session file format")."""
 
@@ -693,8 +693,6 @@ def _other(item: Any, entries: list[Entry], last: str | None) -> Any:
         entries.append(item)
         return item
     batch: list[Any] = item.entries
-    if entries:
-        last = entries[-1].id
     if set(map(type, batch)) == {tuple}:
         entries += _compact_run(batch, last)
         return item
