@@ -581,21 +581,50 @@ def decode_body(
     path: str | None = None, first_line: int = 1,
 ) -> list[Entry]:
     """``decode_lines`` of ``data[start:end]``, which ends in a newline, without a copy."""
-    where = (session_id, path, first_line)
     try:
-        items: list[Any] = _line_decoder.decode_lines(memoryview(data)[start:end])
-    except (msgspec.DecodeError, RecursionError):
-        return _decode_each(data[start:end], where)
-    try:
-        entries = _flatten(items, (session_id, path, first_line))
-    except (_Recheck, CorruptLog):
-        return _decode_each(data[start:end], where)
-    # The common case ends here: every line is exactly what this version
-    # writes for what was decoded. Encoding back costs far less than decoding,
-    # and it also catches what decode_lines lets by: a blank line, a header
-    # field that was missing and got its default.
-    if not _written_as_decoded(items, data, start, end):
-        return _decode_each(data[start:end], where)
+        return _decode_chunks(data, start, end, _CHUNK)
+    except (msgspec.DecodeError, RecursionError, _Recheck, CorruptLog):
+        # Line by line: slower, but it settles every line the bulk decode
+        # cannot, and names the line of the first one that is corrupt.
+        return _decode_each(data[start:end], (session_id, path, first_line))
+
+
+_CHUNK = 1 << 18
+"""How many bytes of lines a load decodes, builds entries from and checks at a time.
+
+Small enough that the lines, their decoded values and the entries stay in
+the CPU's cache between the three steps. Decoding a whole file first, then
+building, then checking reads every byte and value back from memory: a load
+of 100,000 single-append lines took 1.3 to 1.5 times as long (1 MiB chunks
+did as well, 4 MiB no better than the whole file; docs/benchmarks.md,
+"Session file format")."""
+
+
+def _decode_chunks(data: bytes, start: int, end: int, chunk: int) -> list[Entry]:
+    """``decode_body``'s common case, ``chunk`` bytes (rounded up to a line) at a time.
+
+    Raises, for ``decode_body`` to decode line by line, as soon as a line is
+    anything but exactly what this version writes for what was decoded.
+    """
+    entries: list[Entry] = []
+    view = memoryview(data)
+    pos = start
+    while pos < end:
+        stop = data.find(b"\n", min(pos + chunk, end) - 1, end) + 1
+        # Lines longer than a chunk (large batch lines) fit in no cache
+        # anyway; one at a time they loaded 5-10% slower than decoded
+        # together, so a run of them is one chunk.
+        while (stop - pos > chunk and stop < end
+               and data.find(b"\n", stop, min(stop + chunk, end)) < 0):
+            stop = data.find(b"\n", min(stop + chunk, end) - 1, end) + 1
+        items: list[Any] = _line_decoder.decode_lines(view[pos:stop])
+        entries += _flatten(items, entries[-1].id if entries else None)
+        # Encoding back costs far less than decoding, and it also catches
+        # what decode_lines lets by: a blank line, a header field that was
+        # missing and got its default, another spelling of the same value.
+        if not _written_as_decoded(items, data, pos, stop):
+            raise _Recheck
+        pos = stop
     return entries
 
 
@@ -603,85 +632,76 @@ class _Recheck(Exception):
     """A line the bulk decode cannot settle: decode the lines one by one."""
 
 
-def _flatten(items: list[Any], where: _Where) -> list[Entry]:
+_RECHECKED: _Where = (None, None, None)
+"""Where a bulk decode's error lies: unsaid, as the line-by-line decode that follows says it."""
+
+
+def _flatten(items: list[Any], last: str | None) -> list[Entry]:
     """The entries of decoded lines, custom data typed (``items`` changed to match).
 
-    Compact lines stay in ``items`` as read, so that they can be compared
-    with the file; their entries share the previous entry's id string as
-    their parent id where they can (one string, not two, per entry).
+    ``last`` is the id of the entry before them. Compact lines stay in
+    ``items`` as read, so that they can be compared with the file; their
+    entries share the previous entry's id string as their parent id where
+    they can (one string, not two, per entry).
     """
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
     if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
     if kinds == {tuple}:  # a version 3 file of single appends: the tightest loop
-        return _compact_run(items, None)
+        return _compact_run(items, last)
     entries: list[Entry] = []
-    session_id, path, first = where
     for i, item in enumerate(items):
         if type(item) is tuple:
-            entries.append(_from_compact(item, entries))
+            entries += _compact_run((item,), last)
         elif type(item) is _Batch or type(item) is CustomEntry:
-            where = (session_id, path, (first or 1) + i)
-            items[i] = _other(item, entries, where)
+            items[i] = _other(item, entries, last)
         else:
             entries.append(item)
+        if entries:
+            last = entries[-1].id
     return entries
 
 
-def _compact_run(items: list[tuple[Any, ...]], last: str | None) -> list[Entry]:
-    """``_from_compact`` of every item (``last``: the id before them), inline.
+def _compact_run(items: Sequence[tuple[Any, ...]], last: str | None) -> list[Entry]:
+    """The entries of compact lines (``last``: the id before them), built inline.
 
-    A call per entry is a fair part of the cost of a load.
+    A call per entry is a fair part of the cost of a load. The parts and
+    messages are built positionally: msgspec matches no keyword that way.
     """
     entries: list[Entry] = []
     append = entries.append
+    user, assistant, text, entry = UserMessage, AssistantMessage, TextPart, MessageEntry
     for entry_id, stored_parent, timestamp, body in items:
-        parent_id = last if stored_parent == last else stored_parent  # one str for both
         if type(body) is str:
-            message: Message = UserMessage(content=(TextPart(text=body),))
+            message: Message = user((text(body),))
         elif type(body) is tuple:
-            message = AssistantMessage(content=(TextPart(text=body[0]),))
+            message = assistant((text(body[0]),))
         else:
             message = body
             if _body(message) is not message:
                 raise _Recheck
-        append(MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp,
-                            message=message))
+        append(entry(id=entry_id, parent_id=last if stored_parent == last else stored_parent,
+                     timestamp=timestamp, message=message))
         last = entry_id
     return entries
 
 
-def _from_compact(wire: tuple[Any, ...], before: list[Entry]) -> MessageEntry:
-    entry_id, parent_id, timestamp, body = wire
-    if before and parent_id is not None and parent_id == before[-1].id:
-        parent_id = before[-1].id  # one string object for both
-    if type(body) is str:  # the common cases inline: no call per part
-        message: Message = UserMessage(content=(TextPart(text=body),))
-    elif type(body) is tuple:
-        message = AssistantMessage(content=(TextPart(text=body[0]),))
-    else:
-        message = body
-        if _body(message) is not message:
-            raise _Recheck
-    return MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
-
-
-def _other(item: Any, entries: list[Entry], where: _Where) -> Any:
+def _other(item: Any, entries: list[Entry], last: str | None) -> Any:
     """A batch line's entries, or a custom entry, added to ``entries``; the item as kept."""
     if type(item) is CustomEntry:
-        item = _custom(item, where)
+        item = _custom(item, _RECHECKED)
         entries.append(item)
         return item
     batch: list[Any] = item.entries
     if set(map(type, batch)) == {tuple}:
-        entries.extend(_compact_run(batch, entries[-1].id if entries else None))
+        entries += _compact_run(batch, last)
         return item
     for j, wire in enumerate(batch):
         if type(wire) is tuple:
-            entries.append(_from_compact(wire, entries))
+            entries += _compact_run((wire,), entries[-1].id if entries else last)
             continue
         if type(wire) is CustomEntry:
-            batch[j] = _custom(wire, where)
+            batch[j] = _custom(wire, _RECHECKED)
         entries.append(batch[j])
     return item
 
