@@ -35,9 +35,9 @@ a time from the bottom up (a store that keeps nothing, no ledger, no copies,
 no append at all), all measured in CPU time (``time.thread_time``, which other
 jobs on a shared machine disturb far less than wall time), median of the
 repetitions. The steps between them are the per-message cost of each part.
-The run's tools need no effect ledger (S43); the same run with a tool that
+The run's tools need no effect ledger (S41); the same run with a tool that
 has side effects in the loop (never called) takes the ledger's path for
-every call, as every run did before S43.
+every call, as every run did before S41.
 
 Reported: durable/memory against bare (the agent's own cost: receipts, the
 pump task, the tree index, encoding), and durable/file (fsync) against
@@ -121,7 +121,7 @@ def make_tracked_loop() -> AgentLoop:
 
 def make_ledger_loop() -> AgentLoop:
     # The same calls of `lookup`; `charge` is never called, but a loop that
-    # holds a tool with side effects gets the effect ledger (S43).
+    # holds a tool with side effects gets the effect ledger (S41).
     return AgentLoop(ScriptedModel(script()), [lookup, charge], max_turns=None)
 
 
@@ -264,7 +264,7 @@ def _without(*parts: str) -> Iterator[None]:
 BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
     ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
     ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
-    ("effect ledger (none for these tools: S43)", ("copies",), KeepNothing),
+    ("effect ledger (none for these tools: S41)", ("copies",), KeepNothing),
     ("held copies (S40)", (), KeepNothing),
     ("memory store append (its S16 check)", (), MemoryStore),
 ]
@@ -331,7 +331,7 @@ def print_breakdown(parts: dict[str, Any], reps: int) -> None:
     print(f"{'= durable run, memory store':<48} {parts['durable_memory_us_per_message']:>6.1f} µs")
     print(f"{CPU_KEY:<48} {parts[CPU_KEY]:>6.2f}x")
     print(f"{'the same run, a side-effect tool in the loop':<48} "
-          f"{parts['ledger_run_us_per_message']:>6.1f} µs (ledger on every call, S43)")
+          f"{parts['ledger_run_us_per_message']:>6.1f} µs (ledger on every call, S41)")
     print(f"{LEDGER_KEY:<48} {parts[LEDGER_KEY]:>6.2f}x")
 
 

@@ -7,8 +7,8 @@ and 10,000. Three ways to read it, in rounds whose order rotates:
 - **floor**: a new connection (``sqlite3`` / psycopg's async connection)
   running the store's own SELECT, fetching every row and decoding each row's
   ``data`` once with msgspec (the message text), then closing it;
-- **by line**: the store's ``load_entries`` with the load path before S41's
-  work, which rebuilt each row's line and decoded it (kept below as
+- **by line**: the store's ``load_entries`` with the load path before rows were
+  decoded directly (S37), which rebuilt each row's line and decoded it (kept below as
   ``decode_by_line``, swapped in for the round);
 - **direct**: the store's ``load_entries`` as it is now.
 

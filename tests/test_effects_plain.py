@@ -1,4 +1,4 @@
-"""S43: a run whose tools the ledger has nothing to do for runs them without it.
+"""S41: a run whose tools the ledger has nothing to do for runs them without it.
 
 The shortcut is taken only when no call of the run can be tracked (no
 agent-wide approval rule, no tool with side effects or an approval rule), no
@@ -45,7 +45,7 @@ def assistant_entry(entries: list[Entry], call_id: str) -> MessageEntry:
                 and any(c.id == call_id for c in e.message.tool_calls))
 
 
-async def test_s43_plain_tools_store_the_same_log_as_ever() -> None:
+async def test_s41_plain_tools_store_the_same_log_as_ever() -> None:
     script = [Turn(Call("look", {"q": "a"}, id="c1")), Turn(Call("look", {"q": "b"}, id="c2")),
               Turn.text("done")]
     store = MemoryStore()
@@ -59,7 +59,7 @@ async def test_s43_plain_tools_store_the_same_log_as_ever() -> None:
         "ToolResultMessage", "AssistantMessage"]
 
 
-async def test_s43_a_plain_tool_runs_with_the_arguments_stored_not_a_consumers_change(
+async def test_s41_a_plain_tool_runs_with_the_arguments_stored_not_a_consumers_change(
 ) -> None:
     # The run still has a gate, so the loop validates a call before its
     # receipt reaches the consumer (without one it would validate in the tool
@@ -82,7 +82,7 @@ async def test_s43_a_plain_tool_runs_with_the_arguments_stored_not_a_consumers_c
     assert assistant_entry(agent.entries, "c1").message.tool_calls[0].arguments == {"q": "x"}
 
 
-async def test_s43_a_tool_that_takes_its_context_gets_the_ledgers_key() -> None:
+async def test_s41_a_tool_that_takes_its_context_gets_the_ledgers_key() -> None:
     seen: list[ToolContext] = []
 
     @tool
@@ -103,7 +103,7 @@ async def test_s43_a_tool_that_takes_its_context_gets_the_ledgers_key() -> None:
     assert kinds(agent.entries) == []
 
 
-async def test_s43_a_tool_that_overrides_execute_gets_the_ledgers_context() -> None:
+async def test_s41_a_tool_that_overrides_execute_gets_the_ledgers_context() -> None:
     seen: list[ToolContext | None] = []
 
     class Watching(Tool):
@@ -123,7 +123,7 @@ async def test_s43_a_tool_that_overrides_execute_gets_the_ledgers_context() -> N
     assert ctx.session_id == agent.session_id
 
 
-async def test_s43_a_side_effect_tool_among_plain_ones_is_tracked() -> None:
+async def test_s41_a_side_effect_tool_among_plain_ones_is_tracked() -> None:
     @tool(side_effects=True)
     def charge(amount: int) -> str:
         """Charge."""
@@ -145,7 +145,7 @@ async def test_s43_a_side_effect_tool_among_plain_ones_is_tracked() -> None:
     assert started == [ToolStarted(call_id="c2", tool_name="charge", idempotency_key=key)]
 
 
-async def test_s43_a_side_effect_tool_added_mid_run_is_tracked_from_its_first_call() -> None:
+async def test_s41_a_side_effect_tool_added_mid_run_is_tracked_from_its_first_call() -> None:
     # The run starts with nothing to track; a plain tool then adds a tool
     # with side effects to the loop. The next message calling it must get its
     # plan stored with it and its started record, as under the ledger.
@@ -176,7 +176,7 @@ async def test_s43_a_side_effect_tool_added_mid_run_is_tracked_from_its_first_ca
         ToolStarted(call_id="c2", tool_name="charge", idempotency_key=key)]
 
 
-async def test_s43_a_tool_with_an_approval_rule_is_held() -> None:
+async def test_s41_a_tool_with_an_approval_rule_is_held() -> None:
     @tool(approval=lambda args: "always")
     def ask(q: str) -> str:
         """Needs a human, has no side effects."""
@@ -191,7 +191,7 @@ async def test_s43_a_tool_with_an_approval_rule_is_held() -> None:
     assert end.awaiting_approval == ("c1",)
 
 
-async def test_s43_the_agents_approval_rule_holds_a_plain_tools_call() -> None:
+async def test_s41_the_agents_approval_rule_holds_a_plain_tools_call() -> None:
     asked: list[str] = []
 
     def rule(call: ToolCall) -> bool:
@@ -208,7 +208,7 @@ async def test_s43_the_agents_approval_rule_holds_a_plain_tools_call() -> None:
     assert [p.call_id for p in agent.pending_approvals()] == ["c2"]
 
 
-async def test_s43_a_resumed_run_keeps_its_ledger_for_the_stored_records() -> None:
+async def test_s41_a_resumed_run_keeps_its_ledger_for_the_stored_records() -> None:
     # A process with `work` declared as having side effects was killed after
     # the call started; `work` is plain now, but the stored turn still says
     # the call is in doubt, so continue_run must classify it (S20-S21).
@@ -244,7 +244,7 @@ def durable_user(text: str) -> Any:
     return UserMessage.of(text)
 
 
-async def test_s43_with_a_ledger_an_untracked_call_that_reads_its_context_gets_its_key() -> None:
+async def test_s41_with_a_ledger_an_untracked_call_that_reads_its_context_gets_its_key() -> None:
     # A side-effect tool in the loop gives the run a ledger; the ledger skips
     # the key only for an untracked call whose tool cannot read it.
     seen: list[ToolContext] = []

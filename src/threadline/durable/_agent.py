@@ -704,7 +704,7 @@ class _Pump:
         self._agent = agent
         self._resume = resume
         self._ledger: effects.Ledger | None = None
-        # A run that started with nothing to track (S43): its gate and tools.
+        # A run that started with nothing to track (S41): its gate and tools.
         self._plain: tuple[effects.PlainGate, dict[str, Tool]] | None = None
         self._abort = asyncio.Event()
         self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)

@@ -508,7 +508,7 @@ class _PlainTurn:
 
 
 def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
-    """Whether a fresh run of these tools needs no ledger, only a ``PlainGate`` (S43).
+    """Whether a fresh run of these tools needs no ledger, only a ``PlainGate`` (S41).
 
     True when no call can be tracked (no agent-wide rule; no tool with side
     effects or an approval rule) and no tool can see its ``ToolContext``
