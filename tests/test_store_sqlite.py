@@ -270,3 +270,64 @@ async def test_s17_failed_write_poisons_the_handle_for_create_append_and_delete(
         await store.load_session("t")
     await store.append_entries("s", [_entry("the file can grow again")])
     await store.close()
+
+
+async def _thread_of(store: SQLiteStore) -> int:
+    return await store._call(lambda conn: threading.get_ident())
+
+
+async def test_closed_store_hands_its_thread_to_the_next_store(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path / "a.db")
+    await first.create_session(SessionRecord(id="s"))
+    thread = await _thread_of(first)
+    await first.close()
+    second = SQLiteStore(tmp_path / "b.db")
+    assert await _thread_of(second) == thread  # no new thread: see _sqlite._idle
+    await second.create_session(SessionRecord(id="s"))
+    assert (await second.load_session("s")).id == "s"
+    await second.close()
+
+
+async def test_open_stores_never_share_a_thread(tmp_path: Path) -> None:
+    # One store waiting out another process's lock must not hold up another store.
+    path = tmp_path / "locked.db"
+    stuck = SQLiteStore(path, busy_timeout=10)
+    await stuck.create_session(SessionRecord(id="s"))
+    free = SQLiteStore(tmp_path / "free.db")
+    assert await _thread_of(stuck) != await _thread_of(free)
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    waiting = asyncio.ensure_future(stuck.append_entries("s", [_entry("waits")]))
+    await free.create_session(SessionRecord(id="f"))
+    await free.append_entries("f", [_entry("not held up")])
+    assert not waiting.done()
+    other.execute("COMMIT")
+    other.close()
+    await waiting
+    assert len(await stuck.load_entries("s")) == 1
+    await stuck.close()
+    await free.close()
+
+
+def _open_in_child(path: str) -> None:
+    async def main() -> int:
+        async with SQLiteStore(path) as store:
+            return len(await store.load_entries("s"))
+
+    sys.exit(0 if asyncio.run(main()) == 1 else 1)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork")
+async def test_forked_child_does_not_wait_on_its_parents_idle_threads(tmp_path: Path) -> None:
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path)
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_entry("before the fork")])
+    await store.close()  # its thread is now idle, in this process only
+    child = multiprocessing.get_context("fork").Process(target=_open_in_child, args=(str(path),))
+    child.start()
+    await asyncio.to_thread(child.join, 30)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    assert child.exitcode == 0

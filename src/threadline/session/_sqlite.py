@@ -182,45 +182,87 @@ _ROW = "e.seq, e.kind, e.id, e.parent, e.ts, e.data"
 _DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
+# (loop, future, call, last): after its last call a thread is free for another store.
+_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any], bool]
+
+# Threads released by closed stores, each waiting on its queue for the next
+# store's job queue. Starting a thread cost 0.8-4.8 ms on this loaded 2-core
+# machine (the scheduler runs a new thread behind the running ones, where it
+# wakes a sleeping one at once), most of a cold open plus first load; a woken
+# idle thread costs a hop (``bench/sql_stores.py``, "opening a store").
+_idle: list[queue.SimpleQueue[queue.SimpleQueue[_Job]]] = []
+_idle_guard = threading.Lock()
+_IDLE_MAX = 4
+
+
+def _forget_idle() -> None:
+    # A forked child has none of its parent's threads: a queue handed to one
+    # of them would never be served.
+    _idle.clear()
+    _idle_guard.release()
+
+
+# Held across fork, so the child's copy is never locked by a thread it lacks.
+os.register_at_fork(before=_idle_guard.acquire, after_in_parent=_idle_guard.release,
+                    after_in_child=_forget_idle)
+
+
 class _Worker:
     """The store's one thread: runs calls in order, answers each caller's event loop.
 
     A queue and a callback into the caller's loop: half the cost of a round
     trip through ``run_in_executor`` (measured 36 against 70 us on this
-    2-core machine under load), which is paid on every append.
+    2-core machine under load), which is paid on every append. The thread
+    serves this store alone until its last call, then may serve a later store.
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any],
-                                            Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._started = False
         self._guard = threading.Lock()
 
-    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def call(self, fn: Callable[[], T], *, last: bool = False) -> asyncio.Future[T]:
+        """Run ``fn`` on the thread; with ``last``, nothing may be called after it."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         with self._guard:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="threadline-sqlite",
-                                                daemon=True)
-                self._thread.start()
-        self._jobs.put((loop, fut, fn))
+            if not self._started:
+                self._started = True
+                with _idle_guard:
+                    handoff = _idle.pop() if _idle else None
+                if handoff is not None:
+                    handoff.put(self._jobs)
+                else:
+                    threading.Thread(target=_serve, args=(self._jobs,),
+                                     name="threadline-sqlite", daemon=True).start()
+        self._jobs.put((loop, fut, fn, last))
         return fut
 
-    def stop(self) -> None:
-        self._jobs.put(None)
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            loop, fut, fn = job
-            if fut.cancelled():  # cancelled before it started: it never runs
-                continue
+def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        loop, fut, fn, last = jobs.get()
+        result, error = None, None
+        # Cancelled before it started: it never runs, unless it closes the store.
+        if last or not fut.cancelled():
             try:
-                result, error = fn(), None
+                result = fn()
             except BaseException as exc:  # handed to the caller, as run_in_executor does
-                result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
-                loop.call_soon_threadsafe(_settle, fut, result, error)
+                error = exc
+        handoff: queue.SimpleQueue[queue.SimpleQueue[_Job]] | None = None
+        if last:
+            # Idle before the caller hears of it, so a store it opens next finds this thread.
+            with _idle_guard:
+                if len(_idle) < _IDLE_MAX:
+                    handoff = queue.SimpleQueue()
+                    _idle.append(handoff)
+        with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+        del fut, fn, result, error  # hold nothing of a finished call while idle
+        if last:
+            if handoff is None:
+                return
+            jobs = handoff.get()
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -537,11 +579,8 @@ class SQLiteStore:
                 self._conn.close()
                 self._conn = None
 
-        try:
-            await self._worker.call(op)
-        finally:
-            self._closed = True
-            self._worker.stop()
+        self._closed = True  # before the last call: no call may follow it
+        await self._worker.call(op, last=True)
 
     watch_interval: float = 0.05
     """Seconds between two reads of a watched session that had nothing new."""
