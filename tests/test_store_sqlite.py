@@ -331,3 +331,33 @@ async def test_forked_child_does_not_wait_on_its_parents_idle_threads(tmp_path: 
         child.kill()
         child.join()
     assert child.exitcode == 0
+
+
+async def test_s14_one_entry_append_takes_its_seq_under_the_write_lock(tmp_path: Path) -> None:
+    # A one-entry append is one autocommit statement (no BEGIN IMMEDIATE): it
+    # must still wait for the lock before it reads, so it lands after a row
+    # another process inserted and committed while it waited.
+    path = tmp_path / "seq.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    await store.create_session(SessionRecord(id="s"))
+    first = _entry("stored first")
+    await store.append_entries("s", [first])
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    theirs = new_id()
+    insert_raw_row(other, "s", f'{{"type":"custom","id":"{theirs}","parent_id":"{first.id}",'
+                   f'"timestamp":"2026-01-01T00:00:00Z","kind":"x","data":{{}}}}'.encode(),
+                   theirs)
+    ours = _entry("waited for the lock", theirs)
+    waiting = asyncio.ensure_future(store.append_entries("s", [ours]))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    other.execute("COMMIT")
+    await waiting
+    assert [e.id for e in await store.load_entries("s")] == [first.id, theirs, ours.id]
+    # A refused one-entry append leaves no transaction open behind it.
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("missing", [_entry("x")])
+    assert not await store._call(lambda conn: conn.in_transaction)
+    other.close()
+    await store.close()
