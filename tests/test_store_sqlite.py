@@ -361,3 +361,78 @@ async def test_s14_one_entry_append_takes_its_seq_under_the_write_lock(tmp_path:
     assert not await store._call(lambda conn: conn.in_transaction)
     other.close()
     await store.close()
+
+
+async def _hold_the_lock_while(path: Path, store: SQLiteStore,
+                               statements: list[str]) -> sqlite3.Connection:
+    """Another process's write lock, and the store's statements traced: while the
+    store's thread waits on the lock, appends made meanwhile queue up as one group."""
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    await store._call(lambda conn: conn.set_trace_callback(statements.append))
+    return other
+
+
+async def test_s45_queued_appends_share_one_commit_and_a_refused_one_fails_alone(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "group.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    for n in range(6):
+        await store.create_session(SessionRecord(id=f"s{n}"))
+    stored = _entry("stored before")
+    await store.append_entries("s0", [stored])
+    statements: list[str] = []
+    other = await _hold_the_lock_while(path, store, statements)
+    ahead = asyncio.ensure_future(store.append_entries("s0", [_entry("waits for the lock")]))
+    await asyncio.sleep(0.1)  # the thread is now waiting on the lock with this one
+    statements.clear()
+    three = [_entry("a"), _entry("b"), _entry("c")]
+    three[1] = MessageEntry(parent_id=three[0].id, message=UserMessage.of("b"))
+    calls = {
+        "whole": store.append_entries("s1", three),
+        "conflict": store.append_entries("s0", [_entry("mine"), MessageEntry(
+            id=stored.id, message=UserMessage.of("not what s0 stored"))]),
+        "missing": store.append_entries("nowhere", [_entry("x")]),
+        "retry": store.append_entries("s0", [stored]),  # S25: already stored, succeeds
+        "one": store.append_entries("s3", [_entry("one")]),
+    }
+    tasks = {name: asyncio.ensure_future(c) for name, c in calls.items()}
+    await asyncio.sleep(0.1)
+    other.execute("COMMIT")
+    other.close()
+    await ahead
+    results = dict(zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True),
+                       strict=True))
+    assert results["whole"] is None and results["retry"] is None and results["one"] is None
+    assert isinstance(results["missing"], SessionNotFound)
+    assert isinstance(results["conflict"], StoreError)
+    assert "repeats an entry id" in str(results["conflict"])
+    # They were stored in one transaction, after the one that waited for the lock.
+    assert sum(s.startswith("BEGIN") for s in statements) == 1
+    assert sum(s == "COMMIT" for s in statements) == 1
+    assert [e.id for e in await store.load_entries("s1")] == [e.id for e in three]
+    assert len(await store.load_entries("s3")) == 1
+    # The refused call left nothing, not even its first entry.
+    assert len(await store.load_entries("s0")) == 2
+    await store.close()
+
+
+async def test_s45_an_append_cancelled_while_queued_is_never_stored(tmp_path: Path) -> None:
+    path = tmp_path / "cancel.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    await store.create_session(SessionRecord(id="s"))
+    statements: list[str] = []
+    other = await _hold_the_lock_while(path, store, statements)
+    ahead = asyncio.ensure_future(store.append_entries("s", [_entry("waits for the lock")]))
+    await asyncio.sleep(0.1)
+    gone = asyncio.ensure_future(store.append_entries("s", [_entry("cancelled")]))
+    kept = asyncio.ensure_future(store.append_entries("s", [_entry("kept")]))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    other.execute("COMMIT")
+    other.close()
+    await asyncio.gather(ahead, kept)
+    assert [e.message.text for e in await store.load_entries("s")  # type: ignore[attr-defined]
+            ] == ["waits for the lock", "kept"]
+    await store.close()
