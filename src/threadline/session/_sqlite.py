@@ -237,17 +237,22 @@ class _Worker:
 
     def _put(self, loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future[Any] | None,
              fn: Callable[[], Any], last: bool) -> None:
-        with self._guard:
-            if not self._started:
-                self._started = True
-                with _idle_guard:
-                    handoff = _idle.pop() if _idle else None
-                if handoff is not None:
-                    handoff.put(self._jobs)
-                else:
-                    threading.Thread(target=_serve, args=(self._jobs,),
-                                     name="threadline-sqlite", daemon=True).start()
+        if not self._started:
+            self._start()
         self._jobs.put((loop, fut, fn, last))
+
+    def _start(self) -> None:
+        with self._guard:
+            if self._started:
+                return
+            with _idle_guard:
+                handoff = _idle.pop() if _idle else None
+            if handoff is not None:
+                handoff.put(self._jobs)
+            else:
+                threading.Thread(target=_serve, args=(self._jobs,), name="threadline-sqlite",
+                                 daemon=True).start()
+            self._started = True
 
 
 def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
