@@ -25,6 +25,12 @@ so store and floor write the same bytes.
 Two more tables, same run:
 - one process, one session, appends one after another against the bare loop
   of the floor's write, in alternating blocks (median of the paired ratios);
+- SQLite only: the one-process floor write made on the store's own thread
+  (through its hop); 8 tasks of one process each appending to its own
+  session against as many floor writes in a row, the store grouping queued
+  appends into one commit (S45) and, switched in here, one transaction each
+  as before; opening a store plus its first load against a load on an open
+  store, waking a released thread or starting one as before, alternating;
 - bytes stored for the ``bench/peers.py`` workload (400-character messages of
   random base64, user and assistant in turn) over the raw payload, at two
   sizes, and the bytes each further entry adds (fixed per-table pages cancel).
@@ -683,8 +689,8 @@ def main() -> None:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         shutil.rmtree(work, ignore_errors=True)
 
+    _print(results)  # this run's figures only
     _keep_others(results, chosen)
-    _print(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
