@@ -436,3 +436,53 @@ async def test_s45_an_append_cancelled_while_queued_is_never_stored(tmp_path: Pa
     assert [e.message.text for e in await store.load_entries("s")  # type: ignore[attr-defined]
             ] == ["waits for the lock", "kept"]
     await store.close()
+
+
+_GROUPS_UNTIL_FULL = """
+import asyncio, resource, signal, sys
+from threadline.ai._messages import UserMessage
+from threadline.errors import DurabilityError
+from threadline.session import MessageEntry, SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    sessions = [f"s{n}" for n in range(8)]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+    for _ in range(40):
+        batches = [[MessageEntry(message=UserMessage.of("x" * 3000)) for _ in range(2)]
+                   for _ in sessions]
+        results = await asyncio.gather(*(store.append_entries(sid, batch) for sid, batch
+                                         in zip(sessions, batches)), return_exceptions=True)
+        for sid, batch, result in zip(sessions, batches, results):
+            verdict = "acked" if result is None else type(result).__name__
+            print(verdict, sid, *(e.id for e in batch), flush=True)
+        if any(r is not None for r in results):
+            return
+
+asyncio.run(main())
+"""
+
+
+async def test_s45_a_failed_group_commit_fails_every_call_in_it_and_stores_none(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "full.db"
+    store = SQLiteStore(path)
+    for n in range(8):
+        await store.create_session(SessionRecord(id=f"s{n}"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _GROUPS_UNTIL_FULL, str(path), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    lines = [line.split() for line in out.decode().splitlines()]
+    verdicts = {verdict for verdict, *_ in lines}
+    assert verdicts == {"acked", "DurabilityError"}  # the file filled up partway
+    stored = {sid: [e.id for e in await store.load_entries(sid)] for sid in
+              (f"s{n}" for n in range(8))}
+    for verdict, sid, *ids in lines:
+        if verdict == "acked":
+            assert set(ids) <= set(stored[sid])
+        else:  # refused: none of the batch stored, not even its first entry
+            assert not set(ids) & set(stored[sid])
+    assert sum(map(len, stored.values())) == 2 * sum(v == "acked" for v, *_ in lines)
+    await store.close()

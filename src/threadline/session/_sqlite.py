@@ -206,8 +206,9 @@ def _forget_idle() -> None:
 
 
 # Held across fork, so the child's copy is never locked by a thread it lacks.
-os.register_at_fork(before=_idle_guard.acquire, after_in_parent=_idle_guard.release,
-                    after_in_child=_forget_idle)
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(before=_idle_guard.acquire, after_in_parent=_idle_guard.release,
+                        after_in_child=_forget_idle)
 
 
 class _Worker:
