@@ -600,19 +600,21 @@ class SQLiteStore:
             self._write(conn, lambda: self._insert_each(conn, appends, refused))
         except BaseException as exc:
             for a in appends:
-                _answer(a.loop, a.done, None, self._translate(
-                    exc, "append_entries", a.session_id, writing=True)
-                    if isinstance(exc, sqlite3.Error) else exc)
+                error: BaseException = exc
+                if isinstance(exc, sqlite3.Error):
+                    error = self._translate(exc, "append_entries", a.session_id, writing=True)
+                    error.__cause__ = exc
+                _answer(a.loop, a.done, None, error)
             return
         for n, a in enumerate(appends):
-            error = refused.get(n)
-            if isinstance(error, sqlite3.IntegrityError):
+            refusal = refused.get(n)
+            if isinstance(refusal, sqlite3.IntegrityError):
                 # Checked after the commit, as a call made alone would be: an
                 # append of this same group may have stored these entries.
                 _answer_after(a, partial(self._refuse_unless_stored, conn, a.session_id,
                                          a.batch(), "append_entries"))
             else:
-                _answer(a.loop, a.done, None, error)
+                _answer(a.loop, a.done, None, refusal)
 
     def _commit_one(self, conn: sqlite3.Connection, a: _Append) -> None:
         try:
