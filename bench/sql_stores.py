@@ -25,6 +25,12 @@ so store and floor write the same bytes.
 Two more tables, same run:
 - one process, one session, appends one after another against the bare loop
   of the floor's write, in alternating blocks (median of the paired ratios);
+- SQLite only: the one-process floor write made on the store's own thread
+  (through its hop); 8 tasks of one process each appending to its own
+  session against as many floor writes in a row, the store grouping queued
+  appends into one commit (S42) and, switched in here, one transaction each
+  as before; opening a store plus its first load against a load on an open
+  store, waking a released thread or starting one as before, alternating;
 - bytes stored for the ``bench/peers.py`` workload (400-character messages of
   random base64, user and assistant in turn) over the raw payload, at two
   sizes, and the bytes each further entry adds (fixed per-table pages cancel).
@@ -57,6 +63,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import random
 import secrets
 import shutil
@@ -65,8 +72,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import psycopg
@@ -79,10 +87,11 @@ from threadline.session import (
     SessionRecord,
     SQLiteStore,
     Store,
+    _sqlite,
 )
 from threadline.session._codec import encode_entry
 from threadline.session._rows import compact
-from threadline.session._sqlite import _BUSY_SLICE
+from threadline.session._sqlite import _BUSY_SLICE, _answer_after
 
 PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 RESULTS = Path(__file__).parent / "results" / "sql_stores.json"
@@ -269,8 +278,18 @@ async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
     n = 10_000_000
     store_us: list[float] = []
     floor_us: list[float] = []
+    hop_us: list[float] = []
+    hop = None
+    if kind == "sqlite":
+        # The same bare write, made on the store's thread through its hop:
+        # what is left between it and the store is the store's own work.
+        hop_sid = "w0-s998"
+        lite = cast(SQLiteStore, store)
+        hop = await lite._call(lambda conn: _floor_op(kind, target, schema, [hop_sid],
+                                                      encode_entry(_entry(None, 0, 0))))
+    parts = (0, 1, 2) if hop is not None else (0, 1)
     for r in range(rounds):
-        for part in ((0, 1) if r % 2 == 0 else (1, 0)):
+        for part in (parts if r % 2 == 0 else parts[::-1]):
             t0 = time.perf_counter()
             if part == 0:
                 for _ in range(block):
@@ -278,16 +297,141 @@ async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
                     await store.append_entries("solo", [entry])
                     parent = entry.id
                 store_us.append((time.perf_counter() - t0) / block * 1e6)
-            else:
+            elif part == 1:
                 for _ in range(block):
                     floor(floor_sid, n)
                     n += 1
                 floor_us.append((time.perf_counter() - t0) / block * 1e6)
+            else:
+                assert hop is not None
+                for _ in range(block):
+                    await lite._call(partial(lambda m, conn: hop(hop_sid, m), n))
+                    n += 1
+                hop_us.append((time.perf_counter() - t0) / block * 1e6)
     await store.close()  # type: ignore[attr-defined]
     ratios = [f / st for f, st in zip(floor_us, store_us, strict=True)]
-    return {"rounds": rounds, "block": block, "store_us": statistics.median(store_us),
-            "floor_us": statistics.median(floor_us), "rate_vs_floor": statistics.median(ratios),
-            "ratios_min_max": [min(ratios), max(ratios)]}
+    out = {"rounds": rounds, "block": block, "store_us": statistics.median(store_us),
+           "floor_us": statistics.median(floor_us), "rate_vs_floor": statistics.median(ratios),
+           "ratios_min_max": [min(ratios), max(ratios)]}
+    if hop_us:
+        out["floor_hop_us"] = statistics.median(hop_us)
+        out["rate_vs_floor_hop"] = statistics.median(
+            [h / st for h, st in zip(hop_us, store_us, strict=True)])
+    return out
+
+
+def _one_at_a_time(store: SQLiteStore) -> None:
+    """The store before S42: every queued append in a transaction of its own."""
+    with store._queued_guard:
+        queued, store._queued = store._queued, []
+    conn = store._connection()
+    for a in queued:
+        if not a.done.cancelled():
+            _answer_after(a, partial(store._commit_one, conn, a))
+
+
+async def tasks_at_once(target: str, *, tasks: int = 8, appends: int = 10,
+                        rounds: int = 16) -> dict[str, Any]:
+    """``tasks`` tasks of one process, each appending to its own session, against
+    the same number of bare floor writes one after another; and the store with
+    its appends one transaction each (before S42), alternating blocks."""
+    floor_sid = "w0-s997"
+    floor = _floor_op("sqlite", target, "", [floor_sid], encode_entry(_entry(None, 0, 0)))
+    grouped, single = SQLiteStore(target), SQLiteStore(target)
+    single._commit_queued = partial(_one_at_a_time, single)  # type: ignore[method-assign]
+    stores = {"grouped": grouped, "one at a time": single}
+    parents: dict[str, str | None] = {}
+    for name, store in stores.items():
+        for t in range(tasks):
+            await store.create_session(SessionRecord(id=f"{name} {t}"))
+
+    async def task(name: str, t: int) -> None:
+        sid = f"{name} {t}"
+        for _ in range(appends):
+            entry = _entry(parents.get(sid), t, 0)
+            await stores[name].append_entries(sid, [entry])
+            parents[sid] = entry.id
+
+    us: dict[str, list[float]] = {"grouped": [], "one at a time": [], "floor": []}
+    n = 20_000_000
+    for r in range(rounds):
+        for part in (list(us) if r % 2 == 0 else list(us)[::-1]):
+            t0 = time.perf_counter()
+            if part == "floor":
+                for _ in range(tasks * appends):
+                    floor(floor_sid, n)
+                    n += 1
+            else:
+                await asyncio.gather(*(task(part, t) for t in range(tasks)))
+            us[part].append((time.perf_counter() - t0) / (tasks * appends) * 1e6)
+    for store in stores.values():
+        await store.close()
+    out: dict[str, Any] = {"tasks": tasks, "appends": appends, "rounds": rounds,
+                           "floor_us": statistics.median(us["floor"])}
+    for name in stores:
+        ratios = [f / st for f, st in zip(us["floor"], us[name], strict=True)]
+        out[name] = {"us_per_append": statistics.median(us[name]),
+                     "rate_vs_floor": statistics.median(ratios),
+                     "ratios_min_max": [min(ratios), max(ratios)]}
+    return out
+
+
+async def opening(work: Path, *, entries: int = 100, rounds: int = 40) -> dict[str, Any]:
+    """Opening a store plus its first load, against a load on an open store; the
+    store either waking a released thread (now) or starting its own (before,
+    ``_before_s45_open``), alternating."""
+    path = work / "open.db"
+    async with SQLiteStore(path) as store:
+        await store.create_session(SessionRecord(id="s"))
+        parent = None
+        for n in range(entries):
+            entry = _entry(parent, 0, n)
+            await store.append_entries("s", [entry])
+            parent = entry.id
+        for _ in range(5):
+            await store.load_entries("s")
+        warm = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            await store.load_entries("s")
+            warm.append((time.perf_counter() - t0) * 1e6)
+    cold: dict[str, list[float]] = {"released thread": [], "new thread": []}
+    kept = _sqlite._IDLE_MAX
+    for r in range(rounds):
+        for name in (list(cold) if r % 2 == 0 else list(cold)[::-1]):
+            if name == "new thread":
+                _before_s45_open()
+            elif not _sqlite._idle:
+                async with SQLiteStore(work / "other.db"):
+                    pass  # leaves its thread released
+            t0 = time.perf_counter()
+            store = SQLiteStore(path)
+            await store.load_entries("s")
+            cold[name].append((time.perf_counter() - t0) * 1e6)
+            await store.close()
+            _sqlite._IDLE_MAX = kept
+    floor = statistics.median(warm)
+    return {"entries": entries, "rounds": rounds, "warm_load_us": floor,
+            **{name: {"median_us": statistics.median(v), "p90_us": _pct(v, 0.9),
+                      "min_us": min(v), "max_us": max(v),
+                      "median_vs_warm": statistics.median(v) / floor}
+               for name, v in cold.items()}}
+
+
+def _before_s45_open() -> None:
+    """No released threads, and none kept: a store starts a thread of its own, as before."""
+    _sqlite._IDLE_MAX = 0
+    with _sqlite._idle_guard:
+        idle, _sqlite._idle[:] = list(_sqlite._idle), []
+    for handoff in idle:  # a last call with nowhere to park: the thread ends
+        jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        jobs.put((None, None, lambda: None, True))
+        handoff.put(jobs)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def _peers_texts(count: int, seed: int = 7) -> list[str]:
@@ -460,6 +604,30 @@ def append_statements(schema: str, rounds: int = 12, block: int = 50) -> dict[st
                       for name, v in per_entry.items()}}
 
 
+def _one_process_tables(kind: str, target: str, schema: str, work: Path,
+                        results: dict[str, Any]) -> None:
+    print(f"{kind}: one process ...", flush=True)
+    results["one_process"][kind] = asyncio.run(one_process(kind, target, schema))
+    if kind == "sqlite":
+        print("sqlite: tasks at once, opening ...", flush=True)
+        results["sqlite_tasks"] = asyncio.run(tasks_at_once(target))
+        results["sqlite_open"] = asyncio.run(opening(work))
+    print(f"{kind}: bytes stored ...", flush=True)
+    results["bytes"][kind] = asyncio.run(stored_bytes(kind, work, schema))
+
+
+def _keep_others(results: dict[str, Any], chosen: list[str]) -> None:
+    """A run of some stores keeps the others' figures from the last run."""
+    if set(chosen) >= {"sqlite", "postgres", "file"} or not RESULTS.exists():
+        return
+    kept = json.loads(RESULTS.read_text())
+    for key in ("stores", "one_process", "bytes"):
+        results[key] = {**{k: v for k, v in kept.get(key, {}).items() if k not in chosen},
+                        **results[key]}
+    for key, v in kept.items():
+        results.setdefault(key, v)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)
@@ -510,10 +678,7 @@ def main() -> None:
                 "throughput_vs_floor": store["ops_per_s"] / floor["ops_per_s"],
             }
             if kind != "file":
-                print(f"{kind}: one process ...", flush=True)
-                results["one_process"][kind] = asyncio.run(one_process(kind, target, schema))
-                print(f"{kind}: bytes stored ...", flush=True)
-                results["bytes"][kind] = asyncio.run(stored_bytes(kind, work, schema))
+                _one_process_tables(kind, target, schema, work, results)
         if "postgres" in chosen:
             print("append statements ...", flush=True)
             results["postgres_append_statement"] = append_statements(schema)
@@ -524,12 +689,37 @@ def main() -> None:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         shutil.rmtree(work, ignore_errors=True)
 
-    _print(results)
+    _print(results)  # this run's figures only
+    _keep_others(results, chosen)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
     if any(s["store"]["lost"] for s in results["stores"].values()):
         raise SystemExit("acknowledged entries were lost")
+
+
+def _print_sqlite(r: dict[str, Any]) -> None:
+    if "sqlite_tasks" in r:
+        t = r["sqlite_tasks"]
+        print(f"\nSQLite, one process, {t['tasks']} tasks each appending to its own session "
+              f"({t['appends']} appends each), against as many bare floor writes in a row "
+              f"({t['floor_us']:.0f} us each)")
+        print(f"{'appends':14} {'us/append':>10} {'rate vs floor':>14} {'(min..max)':>12}")
+        for name in ("grouped", "one at a time"):
+            g = t[name]
+            lo, hi = g["ratios_min_max"]
+            print(f"{name:14} {g['us_per_append']:>10.0f} {g['rate_vs_floor']:>14.2f} "
+                  f"{lo:>5.2f}..{hi:<5.2f}")
+    if "sqlite_open" in r:
+        o = r["sqlite_open"]
+        print(f"\nSQLite, opening a store + its first load of {o['entries']} entries, "
+              f"alternating, against a load on an open store ({o['warm_load_us']:.0f} us)")
+        print(f"{'store thread':16} {'median us':>10} {'p90 us':>8} {'min..max us':>14} "
+              f"{'x warm load':>12}")
+        for name in ("released thread", "new thread"):
+            c = o[name]
+            print(f"{name:16} {c['median_us']:>10.0f} {c['p90_us']:>8.0f} "
+                  f"{c['min_us']:>6.0f}..{c['max_us']:<7.0f} {c['median_vs_warm']:>12.2f}")
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -555,6 +745,10 @@ def _print(r: dict[str, Any]) -> None:
             lo, hi = o["ratios_min_max"]
             print(f"{kind:9} {o['store_us']:>9.0f} {o['floor_us']:>9.0f} "
                   f"{o['rate_vs_floor']:>14.2f} {lo:>5.2f}..{hi:<5.2f}")
+            if "floor_hop_us" in o:
+                print(f"{'':9} the floor write on the store's thread, through its hop: "
+                      f"{o['floor_hop_us']:.0f} us, store rate {o['rate_vs_floor_hop']:.2f}x")
+    _print_sqlite(r)
     if r["bytes"]:
         print("\nBytes stored / raw payload, bench/peers.py workload (400-char base64 messages)")
         for kind, b in r["bytes"].items():

@@ -270,3 +270,224 @@ async def test_s17_failed_write_poisons_the_handle_for_create_append_and_delete(
         await store.load_session("t")
     await store.append_entries("s", [_entry("the file can grow again")])
     await store.close()
+
+
+async def _thread_of(store: SQLiteStore) -> int:
+    return await store._call(lambda conn: threading.get_ident())
+
+
+async def test_closed_store_hands_its_thread_to_the_next_store(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path / "a.db")
+    await first.create_session(SessionRecord(id="s"))
+    thread = await _thread_of(first)
+    await first.close()
+    second = SQLiteStore(tmp_path / "b.db")
+    assert await _thread_of(second) == thread  # no new thread: see _sqlite._idle
+    await second.create_session(SessionRecord(id="s"))
+    assert (await second.load_session("s")).id == "s"
+    await second.close()
+
+
+async def test_open_stores_never_share_a_thread(tmp_path: Path) -> None:
+    # One store waiting out another process's lock must not hold up another store.
+    path = tmp_path / "locked.db"
+    stuck = SQLiteStore(path, busy_timeout=10)
+    await stuck.create_session(SessionRecord(id="s"))
+    free = SQLiteStore(tmp_path / "free.db")
+    assert await _thread_of(stuck) != await _thread_of(free)
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    waiting = asyncio.ensure_future(stuck.append_entries("s", [_entry("waits")]))
+    await free.create_session(SessionRecord(id="f"))
+    await free.append_entries("f", [_entry("not held up")])
+    assert not waiting.done()
+    other.execute("COMMIT")
+    other.close()
+    await waiting
+    assert len(await stuck.load_entries("s")) == 1
+    await stuck.close()
+    await free.close()
+
+
+def _open_in_child(path: str) -> None:
+    async def main() -> int:
+        async with SQLiteStore(path) as store:
+            return len(await store.load_entries("s"))
+
+    sys.exit(0 if asyncio.run(main()) == 1 else 1)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork")
+async def test_forked_child_does_not_wait_on_its_parents_idle_threads(tmp_path: Path) -> None:
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path)
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_entry("before the fork")])
+    await store.close()  # its thread is now idle, in this process only
+    child = multiprocessing.get_context("fork").Process(target=_open_in_child, args=(str(path),))
+    child.start()
+    await asyncio.to_thread(child.join, 30)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
+
+
+async def test_s14_one_entry_append_takes_its_seq_under_the_write_lock(tmp_path: Path) -> None:
+    # A one-entry append is one autocommit statement (no BEGIN IMMEDIATE): it
+    # must still wait for the lock before it reads, so it lands after a row
+    # another process inserted and committed while it waited.
+    path = tmp_path / "seq.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    await store.create_session(SessionRecord(id="s"))
+    first = _entry("stored first")
+    await store.append_entries("s", [first])
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    theirs = new_id()
+    insert_raw_row(other, "s", f'{{"type":"custom","id":"{theirs}","parent_id":"{first.id}",'
+                   f'"timestamp":"2026-01-01T00:00:00Z","kind":"x","data":{{}}}}'.encode(),
+                   theirs)
+    ours = _entry("waited for the lock", theirs)
+    waiting = asyncio.ensure_future(store.append_entries("s", [ours]))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    other.execute("COMMIT")
+    await waiting
+    assert [e.id for e in await store.load_entries("s")] == [first.id, theirs, ours.id]
+    # A refused one-entry append leaves no transaction open behind it.
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("missing", [_entry("x")])
+    assert not await store._call(lambda conn: conn.in_transaction)
+    other.close()
+    await store.close()
+
+
+async def _hold_the_lock_while(path: Path, store: SQLiteStore,
+                               statements: list[str]) -> sqlite3.Connection:
+    """Another process's write lock, and the store's statements traced: while the
+    store's thread waits on the lock, appends made meanwhile queue up as one group."""
+    other = _raw(path)
+    other.execute("BEGIN IMMEDIATE")
+    await store._call(lambda conn: conn.set_trace_callback(statements.append))
+    return other
+
+
+async def test_s42_queued_appends_share_one_commit_and_a_refused_one_fails_alone(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "group.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    for n in range(6):
+        await store.create_session(SessionRecord(id=f"s{n}"))
+    stored = _entry("stored before")
+    await store.append_entries("s0", [stored])
+    statements: list[str] = []
+    other = await _hold_the_lock_while(path, store, statements)
+    ahead = asyncio.ensure_future(store.append_entries("s0", [_entry("waits for the lock")]))
+    await asyncio.sleep(0.1)  # the thread is now waiting on the lock with this one
+    statements.clear()
+    three = [_entry("a"), _entry("b"), _entry("c")]
+    three[1] = MessageEntry(parent_id=three[0].id, message=UserMessage.of("b"))
+    calls = {
+        "whole": store.append_entries("s1", three),
+        "conflict": store.append_entries("s0", [_entry("mine"), MessageEntry(
+            id=stored.id, message=UserMessage.of("not what s0 stored"))]),
+        "missing": store.append_entries("nowhere", [_entry("x")]),
+        "retry": store.append_entries("s0", [stored]),  # S25: already stored, succeeds
+        "one": store.append_entries("s3", [_entry("one")]),
+    }
+    tasks = {name: asyncio.ensure_future(c) for name, c in calls.items()}
+    await asyncio.sleep(0.1)
+    other.execute("COMMIT")
+    other.close()
+    await ahead
+    results = dict(zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True),
+                       strict=True))
+    assert results["whole"] is None and results["retry"] is None and results["one"] is None
+    assert isinstance(results["missing"], SessionNotFound)
+    assert isinstance(results["conflict"], StoreError)
+    assert "repeats an entry id" in str(results["conflict"])
+    # They were stored in one transaction, after the one that waited for the lock.
+    assert sum(s.startswith("BEGIN") for s in statements) == 1
+    assert sum(s == "COMMIT" for s in statements) == 1
+    assert [e.id for e in await store.load_entries("s1")] == [e.id for e in three]
+    assert len(await store.load_entries("s3")) == 1
+    # The refused call left nothing, not even its first entry.
+    assert len(await store.load_entries("s0")) == 2
+    await store.close()
+
+
+async def test_s42_an_append_cancelled_while_queued_is_never_stored(tmp_path: Path) -> None:
+    path = tmp_path / "cancel.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    await store.create_session(SessionRecord(id="s"))
+    statements: list[str] = []
+    other = await _hold_the_lock_while(path, store, statements)
+    ahead = asyncio.ensure_future(store.append_entries("s", [_entry("waits for the lock")]))
+    await asyncio.sleep(0.1)
+    gone = asyncio.ensure_future(store.append_entries("s", [_entry("cancelled")]))
+    kept = asyncio.ensure_future(store.append_entries("s", [_entry("kept")]))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    other.execute("COMMIT")
+    other.close()
+    await asyncio.gather(ahead, kept)
+    assert [e.message.text for e in await store.load_entries("s")  # type: ignore[attr-defined]
+            ] == ["waits for the lock", "kept"]
+    await store.close()
+
+
+_GROUPS_UNTIL_FULL = """
+import asyncio, resource, signal, sys
+from threadline.ai._messages import UserMessage
+from threadline.errors import DurabilityError
+from threadline.session import MessageEntry, SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    sessions = [f"s{n}" for n in range(8)]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+    for _ in range(40):
+        batches = [[MessageEntry(message=UserMessage.of("x" * 3000)) for _ in range(2)]
+                   for _ in sessions]
+        results = await asyncio.gather(*(store.append_entries(sid, batch) for sid, batch
+                                         in zip(sessions, batches)), return_exceptions=True)
+        for sid, batch, result in zip(sessions, batches, results):
+            verdict = ("acked" if result is None else
+                       f"{type(result).__name__}:{type(result.__cause__).__name__}")
+            print(verdict, sid, *(e.id for e in batch), flush=True)
+        if any(r is not None for r in results):
+            return
+
+asyncio.run(main())
+"""
+
+
+async def test_s42_a_failed_group_commit_fails_every_call_in_it_and_stores_none(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "full.db"
+    store = SQLiteStore(path)
+    for n in range(8):
+        await store.create_session(SessionRecord(id=f"s{n}"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _GROUPS_UNTIL_FULL, str(path), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    lines = [line.split() for line in out.decode().splitlines()]
+    verdicts = {verdict for verdict, *_ in lines}
+    # The file filled up partway; each refusal chains the write's error (or,
+    # refused before it was queued, the error that poisoned the handle).
+    assert "acked" in verdicts and len(verdicts) > 1
+    assert verdicts - {"acked"} <= {"DurabilityError:OperationalError",
+                                    "DurabilityError:DurabilityError"}
+    stored = {sid: [e.id for e in await store.load_entries(sid)] for sid in
+              (f"s{n}" for n in range(8))}
+    for verdict, sid, *ids in lines:
+        if verdict == "acked":
+            assert set(ids) <= set(stored[sid])
+        else:  # refused: none of the batch stored, not even its first entry
+            assert not set(ids) & set(stored[sid])
+    assert sum(map(len, stored.values())) == 2 * sum(v == "acked" for v, *_ in lines)
+    await store.close()

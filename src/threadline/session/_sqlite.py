@@ -43,7 +43,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -182,45 +184,117 @@ _ROW = "e.seq, e.kind, e.id, e.parent, e.ts, e.data"
 _DURABILITY_CODES = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
+# (loop, future, call, last): after its last call a thread is free for another store.
+_Job = tuple[asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None, Callable[[], Any],
+             bool]
+
+# Threads released by closed stores, each waiting on its queue for the next
+# store's job queue. Starting a thread cost 0.8-4.8 ms on this loaded 2-core
+# machine (the scheduler runs a new thread behind the running ones, where it
+# wakes a sleeping one at once), most of a cold open plus first load; a woken
+# idle thread costs a hop (``bench/sql_stores.py``, "opening a store").
+_idle: list[queue.SimpleQueue[queue.SimpleQueue[_Job]]] = []
+_idle_guard = threading.Lock()
+_IDLE_MAX = 4
+
+
+def _forget_idle() -> None:
+    # A forked child has none of its parent's threads: a queue handed to one
+    # of them would never be served.
+    _idle.clear()
+    _idle_guard.release()
+
+
+# Held across fork, so the child's copy is never locked by a thread it lacks.
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(before=_idle_guard.acquire, after_in_parent=_idle_guard.release,
+                        after_in_child=_forget_idle)
+
+
 class _Worker:
     """The store's one thread: runs calls in order, answers each caller's event loop.
 
     A queue and a callback into the caller's loop: half the cost of a round
     trip through ``run_in_executor`` (measured 36 against 70 us on this
-    2-core machine under load), which is paid on every append.
+    2-core machine under load), which is paid on every append. The thread
+    serves this store alone until its last call, then may serve a later store.
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any],
-                                            Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._started = False
         self._guard = threading.Lock()
 
-    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def call(self, fn: Callable[[], T], *, last: bool = False) -> asyncio.Future[T]:
+        """Run ``fn`` on the thread; with ``last``, nothing may be called after it."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        with self._guard:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="threadline-sqlite",
-                                                daemon=True)
-                self._thread.start()
-        self._jobs.put((loop, fut, fn))
+        self._put(loop, fut, fn, last)
         return fut
 
-    def stop(self) -> None:
-        self._jobs.put(None)
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the thread, no answer: it settles its callers' futures itself."""
+        self._put(None, None, fn, False)
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            loop, fut, fn = job
-            if fut.cancelled():  # cancelled before it started: it never runs
-                continue
+    def _put(self, loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future[Any] | None,
+             fn: Callable[[], Any], last: bool) -> None:
+        if not self._started:
+            self._start()
+        self._jobs.put((loop, fut, fn, last))
+
+    def _start(self) -> None:
+        with self._guard:
+            if self._started:
+                return
+            with _idle_guard:
+                handoff = _idle.pop() if _idle else None
+            if handoff is not None:
+                handoff.put(self._jobs)
+            else:
+                threading.Thread(target=_serve, args=(self._jobs,), name="threadline-sqlite",
+                                 daemon=True).start()
+            self._started = True
+
+
+def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        loop, fut, fn, last = jobs.get()
+        result, error = None, None
+        # Cancelled before it started: it never runs, unless it closes the store.
+        if last or fut is None or not fut.cancelled():
             try:
-                result, error = fn(), None
+                result = fn()
             except BaseException as exc:  # handed to the caller, as run_in_executor does
-                result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
-                loop.call_soon_threadsafe(_settle, fut, result, error)
+                error = exc
+        handoff: queue.SimpleQueue[queue.SimpleQueue[_Job]] | None = None
+        if last:
+            # Idle before the caller hears of it, so a store it opens next finds this thread.
+            with _idle_guard:
+                if len(_idle) < _IDLE_MAX:
+                    handoff = queue.SimpleQueue()
+                    _idle.append(handoff)
+        if loop is not None and fut is not None:
+            _answer(loop, fut, result, error)
+        del fut, fn, result, error  # hold nothing of a finished call while idle
+        if last:
+            if handoff is None:
+                return
+            jobs = handoff.get()
+
+
+def _answer(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any,
+            error: BaseException | None) -> None:
+    with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+        loop.call_soon_threadsafe(_settle, fut, result, error)
+
+
+def _answer_after(append: _Append, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except BaseException as exc:
+        _answer(append.loop, append.done, None, exc)
+    else:
+        _answer(append.loop, append.done, None, None)
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -230,6 +304,21 @@ def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) 
         fut.set_result(result)
     else:
         fut.set_exception(error)
+
+
+@dataclass(slots=True)
+class _Append:
+    """One ``append_entries`` call waiting for the worker."""
+
+    session_id: str
+    entries: Sequence[Entry]
+    datas: list[bytes]
+    rows: list[Row]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[None]
+
+    def batch(self) -> list[tuple[str, bytes]]:
+        return [(e.id, d) for e, d in zip(self.entries, self.datas, strict=True)]
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
@@ -274,6 +363,8 @@ class SQLiteStore:
         self._poisoned: BaseException | None = None
         self._closed = False
         self._worker = _Worker()
+        self._queued: list[_Append] = []  # appends not yet taken by the worker, in call order
+        self._queued_guard = threading.Lock()
         self._wakeups = Wakeups()
 
     def __repr__(self) -> str:
@@ -294,9 +385,12 @@ class SQLiteStore:
         return await self._worker.call(lambda: self._run(fn))
 
     def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return fn(self._connection())
+
+    def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._open()
-        return fn(self._conn)
+        return self._conn
 
     def _open(self) -> sqlite3.Connection:
         target = self.path
@@ -386,6 +480,20 @@ class SQLiteStore:
             raise
         return result
 
+    def _write_one(self, conn: sqlite3.Connection, statement: Callable[[], T]) -> T:
+        """``_write`` for a body of one statement: that statement in autocommit.
+
+        The same transaction with two statements fewer: SQLite takes the write
+        lock when the statement starts, before it reads anything (so a row's
+        ``seq`` is still taken under the lock), commits it with the same fsync
+        when it ends, and leaves nothing written when it fails."""
+        try:
+            return self._retry_busy(statement)
+        except sqlite3.Error:
+            if conn.in_transaction:  # not left open by SQLite, but never leave it open
+                conn.execute("ROLLBACK")
+            raise
+
     def _translate(self, exc: sqlite3.Error, what: str, session_id: str | None = None,
                    *, writing: bool = False) -> StoreError:
         name = getattr(exc, "sqlite_errorname", "")
@@ -416,7 +524,7 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             try:
-                self._write(conn, lambda: conn.execute(
+                self._write_one(conn, lambda: conn.execute(
                     "INSERT INTO sessions (id, parent_id, created_at) VALUES (?, ?, ?)",
                     (sid, record.parent_id, created)))
             except sqlite3.IntegrityError as exc:
@@ -451,23 +559,86 @@ class SQLiteStore:
         datas = [encode_entry(e, session_id=sid) for e in entries]
         rows = [compact(e, data) for e, data in zip(entries, datas, strict=True)]
 
-        def op(conn: sqlite3.Connection) -> None:
-            try:
-                self._write(conn, lambda: self._insert(conn, sid, rows))
-                return
-            except sqlite3.IntegrityError:
-                pass  # an id already stored: a retry of a stored append, or a conflict
-            except sqlite3.Error as exc:
-                raise self._translate(exc, "append_entries", sid, writing=True) from exc
-            self._refuse_unless_stored(
-                conn, sid, [(e.id, d) for e, d in zip(entries, datas, strict=True)],
-                "append_entries")
-
-        if rows:
-            await self._call(op)
-            self._wakeups.ring(sid)
-        else:
+        if not rows:
             await self.load_session(sid)  # an empty append still requires the session
+            return
+        if self._closed:
+            raise StoreError(f"{self.path}: store is closed", session_id=sid)
+        loop = asyncio.get_running_loop()
+        append = _Append(sid, entries, datas, rows, loop, loop.create_future())
+        with self._queued_guard:
+            self._queued.append(append)
+            first = len(self._queued) == 1
+        if first:
+            self._worker.post(self._commit_queued)
+        await append.done
+        self._wakeups.ring(sid)
+
+    def _commit_queued(self) -> None:
+        """Store every append queued so far, on the worker thread, then answer each caller.
+
+        Appends that queued up while the thread was busy (several tasks of
+        this process) share one transaction, so one fsync: each in a
+        savepoint of its own, so each is whole or absent and a refused one
+        (a conflicting id, a missing session) fails only its caller. An error
+        of the transaction itself fails them all, none of them stored.
+        """
+        with self._queued_guard:
+            queued, self._queued = self._queued, []
+        appends = [a for a in queued if not a.done.cancelled()]  # cancelled: never run
+        try:
+            conn = self._connection()
+        except BaseException as exc:
+            for a in appends:
+                _answer(a.loop, a.done, None, exc)
+            return
+        if len(appends) == 1:
+            _answer_after(appends[0], partial(self._commit_one, conn, appends[0]))
+            return
+        refused: dict[int, BaseException] = {}
+        try:
+            self._write(conn, lambda: self._insert_each(conn, appends, refused))
+        except BaseException as exc:
+            for a in appends:
+                error: BaseException = exc
+                if isinstance(exc, sqlite3.Error):
+                    error = self._translate(exc, "append_entries", a.session_id, writing=True)
+                    error.__cause__ = exc
+                _answer(a.loop, a.done, None, error)
+            return
+        for n, a in enumerate(appends):
+            refusal = refused.get(n)
+            if isinstance(refusal, sqlite3.IntegrityError):
+                # Checked after the commit, as a call made alone would be: an
+                # append of this same group may have stored these entries.
+                _answer_after(a, partial(self._refuse_unless_stored, conn, a.session_id,
+                                         a.batch(), "append_entries"))
+            else:
+                _answer(a.loop, a.done, None, refusal)
+
+    def _commit_one(self, conn: sqlite3.Connection, a: _Append) -> None:
+        try:
+            if len(a.rows) == 1:
+                self._write_one(conn, lambda: self._insert(conn, a.session_id, a.rows))
+            else:
+                self._write(conn, lambda: self._insert(conn, a.session_id, a.rows))
+            return
+        except sqlite3.IntegrityError:
+            pass  # an id already stored: a retry of a stored append, or a conflict
+        except sqlite3.Error as exc:
+            raise self._translate(exc, "append_entries", a.session_id, writing=True) from exc
+        self._refuse_unless_stored(conn, a.session_id, a.batch(), "append_entries")
+
+    def _insert_each(self, conn: sqlite3.Connection, appends: list[_Append],
+                     refused: dict[int, BaseException]) -> None:
+        for n, a in enumerate(appends):
+            conn.execute("SAVEPOINT one_append")
+            try:
+                self._insert(conn, a.session_id, a.rows)
+            except (sqlite3.IntegrityError, SessionNotFound) as exc:
+                conn.execute("ROLLBACK TO one_append")
+                refused[n] = exc
+            conn.execute("RELEASE one_append")
 
     # -- beyond the contract ----------------------------------------------------
 
@@ -537,11 +708,8 @@ class SQLiteStore:
                 self._conn.close()
                 self._conn = None
 
-        try:
-            await self._worker.call(op)
-        finally:
-            self._closed = True
-            self._worker.stop()
+        self._closed = True  # before the last call: no call may follow it
+        await self._worker.call(op, last=True)
 
     watch_interval: float = 0.05
     """Seconds between two reads of a watched session that had nothing new."""
