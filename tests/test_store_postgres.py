@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import multiprocessing
 from collections.abc import Iterator
@@ -505,3 +506,29 @@ async def test_s26_close_ends_the_listen_connection_after_the_loop_was_busy(
                 break
             await asyncio.sleep(0.05)
         assert rows == [(0,)], f"{name} still connected 5 s after close()"
+
+
+async def test_s38_a_store_that_waited_for_another_migration_sees_its_schema(
+    pg_url: str, pg_schema: str
+) -> None:
+    # Another process holds the schema's migration lock and creates the schema
+    # while this store's first use, having found no schema, waits for the
+    # lock: the store must then find the schema, not collide with it or skip
+    # its own tables.
+    key = int.from_bytes(hashlib.blake2b(f"threadline:{pg_schema}".encode(),
+                                         digest_size=8).digest(), "big", signed=True)
+    other = await psycopg.AsyncConnection.connect(pg_url)
+    await other.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+    store = PostgresStore(pg_url, schema=pg_schema)  # opened by its first use
+    try:
+        first_use = asyncio.ensure_future(store.create_session(SessionRecord(id="after")))
+        await asyncio.sleep(0.5)  # the store looked for the schema, now waits for the lock
+        assert not first_use.done()
+        await other.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(
+            psycopg.sql.Identifier(pg_schema)))
+        await other.commit()
+        await asyncio.wait_for(first_use, 30)
+        assert (await store.load_session("after")).id == "after"
+    finally:
+        await other.close()
+        await store.close()
