@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,18 @@ def tl_pty(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
     full = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "PAGER": "cat",
             **(env or {})}
     full.pop("NO_COLOR", None)
-    proc = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL, stdout=slave,
-                            stderr=slave, cwd=cwd, env=full)
+    # A terminal's program gets Ctrl-C. One started from a background job of a
+    # script (as CI's suites are) inherits SIGINT ignored and would never see
+    # it; handled here instead of ignored, it starts at the default.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=slave, cwd=cwd, env=full)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(slave)
     out = b""
     try:
