@@ -491,3 +491,54 @@ async def test_s42_a_failed_group_commit_fails_every_call_in_it_and_stores_none(
             assert not set(ids) & set(stored[sid])
     assert sum(map(len, stored.values())) == 2 * sum(v == "acked" for v, *_ in lines)
     await store.close()
+
+
+def _race_close_once(path: Path) -> list[str]:
+    store = SQLiteStore(path)
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    outcomes: list[str] = []
+    started = threading.Event()
+
+    async def hammer() -> None:
+        while True:
+            # A burst of calls: each one checks and queues in turn, so the
+            # other thread's close() has many windows to land in.
+            calls = [store.load_session("s") for _ in range(50)]
+            try:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*calls, return_exceptions=True), 10)
+            except TimeoutError:
+                outcomes.append("hung")
+                return
+            started.set()
+            errors = [r for r in results if isinstance(r, BaseException)]
+            for error in errors:
+                assert isinstance(error, StoreError), repr(error)
+                assert "closed" in str(error) and str(path) in str(error)
+            if errors:
+                outcomes.append("refused")
+                return
+
+    others = [threading.Thread(target=asyncio.run, args=(hammer(),)) for _ in range(2)]
+    for t in others:
+        t.start()
+    assert started.wait(10)
+    asyncio.run(store.close())
+    for t in others:
+        t.join(30)
+        assert not t.is_alive()
+    return outcomes
+
+
+def test_s33_a_call_from_another_thread_racing_close_is_refused_not_left_waiting(
+        tmp_path: Path) -> None:
+    """A call that passes the closed check just before close() queues its last
+    call used to land behind it, where no thread would ever take it: the caller
+    waited forever. It is now either served or refused with StoreError."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, to land inside the window
+    try:
+        for round_ in range(30):
+            assert _race_close_once(tmp_path / f"race-{round_}.db") == ["refused", "refused"]
+    finally:
+        sys.setswitchinterval(old_interval)

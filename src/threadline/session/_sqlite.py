@@ -223,6 +223,10 @@ class _Worker:
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._started = False
+        # Set once the last call is queued. Checked under the guard, so a call
+        # from another thread racing close() is refused instead of queued
+        # behind the last call, where no thread would ever take it.
+        self._ended = False
         self._guard = threading.Lock()
 
     def call(self, fn: Callable[[], T], *, last: bool = False) -> asyncio.Future[T]:
@@ -238,22 +242,27 @@ class _Worker:
 
     def _put(self, loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future[Any] | None,
              fn: Callable[[], Any], last: bool) -> None:
-        if not self._started:
-            self._start()
-        self._jobs.put((loop, fut, fn, last))
+        with self._guard:
+            if self._ended:
+                raise _Ended
+            if not self._started:
+                self._start()
+            self._jobs.put((loop, fut, fn, last))
+            self._ended = last
 
     def _start(self) -> None:
-        with self._guard:
-            if self._started:
-                return
-            with _idle_guard:
-                handoff = _idle.pop() if _idle else None
-            if handoff is not None:
-                handoff.put(self._jobs)
-            else:
-                threading.Thread(target=_serve, args=(self._jobs,), name="threadline-sqlite",
-                                 daemon=True).start()
-            self._started = True
+        with _idle_guard:
+            handoff = _idle.pop() if _idle else None
+        if handoff is not None:
+            handoff.put(self._jobs)
+        else:
+            threading.Thread(target=_serve, args=(self._jobs,), name="threadline-sqlite",
+                             daemon=True).start()
+        self._started = True
+
+
+class _Ended(Exception):
+    """A call came after the store's last call (close) was queued."""
 
 
 def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
@@ -382,7 +391,11 @@ class SQLiteStore:
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._closed:
             raise StoreError(f"{self.path}: store is closed")
-        return await self._worker.call(lambda: self._run(fn))
+        try:
+            fut = self._worker.call(lambda: self._run(fn))
+        except _Ended:
+            raise StoreError(f"{self.path}: store is closed") from None
+        return await fut
 
     def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return fn(self._connection())
@@ -568,9 +581,15 @@ class SQLiteStore:
         append = _Append(sid, entries, datas, rows, loop, loop.create_future())
         with self._queued_guard:
             self._queued.append(append)
-            first = len(self._queued) == 1
-        if first:
-            self._worker.post(self._commit_queued)
+            if len(self._queued) == 1:
+                try:
+                    # Under the guard: a commit queued by an earlier call is
+                    # still ahead of close's last call, so appends that join
+                    # the queue after this one are always taken.
+                    self._worker.post(self._commit_queued)
+                except _Ended:
+                    self._queued.clear()
+                    raise StoreError(f"{self.path}: store is closed", session_id=sid) from None
         await append.done
         self._wakeups.ring(sid)
 
@@ -709,7 +728,11 @@ class SQLiteStore:
                 self._conn = None
 
         self._closed = True  # before the last call: no call may follow it
-        await self._worker.call(op, last=True)
+        try:
+            fut = self._worker.call(op, last=True)
+        except _Ended:  # another thread's close() queued the last call first
+            return
+        await fut
 
     watch_interval: float = 0.05
     """Seconds between two reads of a watched session that had nothing new."""
