@@ -16,7 +16,7 @@ import pytest
 
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, SessionNotFound, StoreError
-from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, new_id
+from threadline.session import MessageEntry, SessionRecord, SQLiteStore, Store, _sqlite, new_id
 from threadline.session._rows import id_key
 from threadline.session._sqlite import MIGRATIONS
 from threadline.testing import StoreConformance
@@ -283,6 +283,25 @@ async def test_closed_store_hands_its_thread_to_the_next_store(tmp_path: Path) -
     await first.close()
     second = SQLiteStore(tmp_path / "b.db")
     assert await _thread_of(second) == thread  # no new thread: see _sqlite._idle
+    await second.create_session(SessionRecord(id="s"))
+    assert (await second.load_session("s")).id == "s"
+    await second.close()
+
+
+async def test_an_idle_thread_ends_after_a_while_and_the_next_store_starts_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sqlite, "_IDLE_SECONDS", 0.05)
+    first = SQLiteStore(tmp_path / "a.db")
+    await first.create_session(SessionRecord(id="s"))
+    ident = await _thread_of(first)
+    await first.close()
+    parked = len(_sqlite._idle)
+    deadline = time.monotonic() + 10
+    while any(t.ident == ident for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the idle thread never ended"
+        await asyncio.sleep(0.01)
+    assert len(_sqlite._idle) == parked - 1  # it took itself off the list
+    second = SQLiteStore(tmp_path / "b.db")
     await second.create_session(SessionRecord(id="s"))
     assert (await second.load_session("s")).id == "s"
     await second.close()

@@ -196,6 +196,9 @@ _Job = tuple[asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None, Calla
 _idle: list[queue.SimpleQueue[queue.SimpleQueue[_Job]]] = []
 _idle_guard = threading.Lock()
 _IDLE_MAX = 4
+# An idle thread ends after this long, so a process that stopped using SQLite
+# keeps no threads.
+_IDLE_SECONDS = 60.0
 
 
 def _forget_idle() -> None:
@@ -288,7 +291,24 @@ def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
         if last:
             if handoff is None:
                 return
-            jobs = handoff.get()
+            next_jobs = _wait_for_store(handoff)
+            if next_jobs is None:
+                return
+            jobs = next_jobs
+
+
+def _wait_for_store(
+        handoff: queue.SimpleQueue[queue.SimpleQueue[_Job]]) -> queue.SimpleQueue[_Job] | None:
+    """The next store's job queue, or None once the thread has been idle too long."""
+    while True:
+        try:
+            return handoff.get(timeout=_IDLE_SECONDS)
+        except queue.Empty:
+            with _idle_guard:
+                if any(h is handoff for h in _idle):
+                    _idle[:] = [h for h in _idle if h is not handoff]
+                    return None
+            # A store took this thread just now: its queue is on the way.
 
 
 def _answer(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any,
