@@ -45,6 +45,12 @@ A second, small table compares ``bytea`` and ``jsonb`` for the entries column
 the PostgresStore's column type.
 
     .venv/bin/python bench/sql_stores.py [--processes 8 --sessions 50 --appends 100]
+    .venv/bin/python bench/sql_stores.py --stores file --file-as hop
+
+``--file-as floor`` puts the file floor's own write in the store's place (an
+A/A run: what the bench gives two identical writes), ``--file-as hop`` that
+write on a worker thread, awaited from the event loop (what an append that
+keeps its fdatasync off the event loop costs at least). Neither is verified.
 
 appends/s sums each process's appends over the time it spent in them (floor
 writes in between excluded); the floor's rate is computed the same way.
@@ -71,7 +77,8 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -164,6 +171,30 @@ def _floor_op(kind: str, target: str, schema: str, sids: list[str],
     return file
 
 
+Appender = Callable[[str, Sequence[Any]], Awaitable[None]]
+
+
+def _in_place_of_store(how: str, target: str, sids: list[str],
+                       line: bytes) -> Appender:
+    """The file floor's own write where the store's append goes (``--file-as``):
+    inline, what the bench gives two identical writes; on a worker thread,
+    what any append that keeps its fdatasync off the event loop costs."""
+    other = os.path.join(target, how)
+    os.makedirs(other, exist_ok=True)
+    write = _floor_op("file", other, "", sids, line)
+    if how == "floor":
+        async def inline(sid: str, entries: Sequence[Any]) -> None:
+            write(sid, 0)
+
+        return inline
+    pool = ThreadPoolExecutor(1)
+
+    async def hop(sid: str, entries: Sequence[Any]) -> None:
+        await asyncio.get_running_loop().run_in_executor(pool, write, sid, 0)
+
+    return hop
+
+
 def _worker(job: dict[str, Any], worker: int, barrier: Any, out: Any) -> None:
     """Append ``appends`` rounds over this worker's sessions; after every
     ``floor_every``-th append, one floor write, so store and floor see the same load."""
@@ -174,7 +205,11 @@ def _worker(job: dict[str, Any], worker: int, barrier: Any, out: Any) -> None:
         store = _open(kind, target, schema)
         for sid in sids:
             await store.create_session(SessionRecord(id=sid))
-        floor = _floor_op(kind, target, schema, sids, encode_entry(_entry(None, worker, 0)))
+        line = encode_entry(_entry(None, worker, 0))
+        floor = _floor_op(kind, target, schema, sids, line)
+        append: Appender = store.append_entries
+        if job["file_as"] != "store":
+            append = _in_place_of_store(job["file_as"], target, sids, line)
         parents: dict[str, str | None] = dict.fromkeys(sids)
         acked: dict[str, list[str]] = {sid: [] for sid in sids}
         lat: list[int] = []
@@ -185,7 +220,7 @@ def _worker(job: dict[str, Any], worker: int, barrier: Any, out: Any) -> None:
             for i, sid in enumerate(sids):
                 entry = _entry(parents[sid], worker, n)
                 t0 = time.perf_counter_ns()
-                await store.append_entries(sid, [entry])
+                await append(sid, [entry])
                 lat.append(time.perf_counter_ns() - t0)
                 parents[sid] = entry.id
                 acked[sid].append(entry.id)
@@ -637,6 +672,9 @@ def main() -> None:
                     help="one floor write after every Nth append")
     ap.add_argument("--stores", default="sqlite,postgres,file",
                     help="comma-separated: which stores to run")
+    ap.add_argument("--file-as", choices=("store", "floor", "hop"), default="store",
+                    help="in the file store's place: the floor's own write (an A/A run), "
+                         "or that write on a worker thread; file only, not verified")
     args = ap.parse_args()
     chosen = args.stores.split(",")
 
@@ -666,13 +704,15 @@ def main() -> None:
             print(f"{kind}: {args.processes} x {args.sessions} x {args.appends} appends ...",
                   flush=True)
             _prepare_floor(kind, target, schema)
+            file_as = args.file_as if kind == "file" else "store"
             job = {"kind": kind, "target": target, "schema": schema,
                    "sessions": args.sessions, "appends": args.appends,
-                   "floor_every": args.floor_every}
+                   "floor_every": args.floor_every, "file_as": file_as}
             store, floor, acked, wall = _run(job, args.processes)
-            store["lost"] = asyncio.run(_verify(kind, target, schema, acked))
+            store["lost"] = (asyncio.run(_verify(kind, target, schema, acked))
+                             if file_as == "store" else None)
             store["expected_entries"] = sum(map(len, acked.values()))
-            results["stores"][kind] = {
+            results["stores"][kind if file_as == "store" else f"file:{file_as}"] = {
                 "store": store, "floor": floor, "wall_s": wall,
                 "p50_vs_floor": store["p50_us"] / floor["p50_us"],
                 "throughput_vs_floor": store["ops_per_s"] / floor["ops_per_s"],
@@ -725,15 +765,16 @@ def _print_sqlite(r: dict[str, Any]) -> None:
 def _print(r: dict[str, Any]) -> None:
     print(f"\n{r['processes']} processes x {r['sessions_per_process']} sessions x "
           f"{r['appends_per_session']} appends, one entry per append\n")
-    head = (f"{'store':9} {'appends/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} | "
+    head = (f"{'store':10} {'appends/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} | "
             f"{'floor/s':>9} {'floor p50':>9} {'floor p99':>9} | {'p50 x floor':>11} "
             f"{'rate vs floor':>13}")
     print(head)
     print("-" * len(head))
     for kind, s in r["stores"].items():
         st, fl = s["store"], s["floor"]
-        print(f"{kind:9} {st['ops_per_s']:>10,.0f} {st['p50_us'] / 1000:>8.2f} "
-              f"{st['p99_us'] / 1000:>8.2f} {st['lost']:>5} | {fl['ops_per_s']:>9,.0f} "
+        lost = "-" if st["lost"] is None else st["lost"]
+        print(f"{kind:10} {st['ops_per_s']:>10,.0f} {st['p50_us'] / 1000:>8.2f} "
+              f"{st['p99_us'] / 1000:>8.2f} {lost:>5} | {fl['ops_per_s']:>9,.0f} "
               f"{fl['p50_us'] / 1000:>9.2f} {fl['p99_us'] / 1000:>9.2f} | "
               f"{s['p50_vs_floor']:>11.2f} {s['throughput_vs_floor']:>13.2f}")
     if r["one_process"]:
