@@ -22,7 +22,7 @@ import shutil
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -30,6 +30,7 @@ import pytest_asyncio
 
 from conftest import require_or_skip
 from pgbouncer import PgBouncer, PrivateCluster
+from tcp_proxy import TcpProxy
 from threadline import durable
 from threadline.ai._messages import UserMessage
 from threadline.durable import DurableAgent, RunEvent, StoredMessageEnd
@@ -56,65 +57,33 @@ def check_exactly_once(stored: Sequence[str], acknowledged: Sequence[str]) -> No
     assert len(acknowledged) == len(set(acknowledged)), "an entry was acknowledged twice"
 
 
-class LosingProxy:
-    """Forwards TCP to PostgreSQL; told to, it swallows the server's next reply
-    containing ``marker`` and cuts the connection, as a network failure would."""
+class LosingProxy(TcpProxy):
+    """Told to, it swallows the server's next reply containing ``marker`` and
+    cuts the connection, as a network failure would."""
 
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
         self.marker: bytes | None = None
         self.cuts = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            # Connections still open are the store's; they end with it.
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, reply: bool) -> None:
-            try:
-                while data := await src.read(1 << 16):
-                    if reply and self.marker is not None and self.marker in data:
-                        self.marker = None
-                        self.cuts += 1
-                        writer.transport.abort()
-                        up_writer.transport.abort()
-                        return
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
+    def cut(self, reply: bytes) -> bool:
+        if self.marker is None or self.marker not in reply:
+            return False
+        self.marker = None
+        self.cuts += 1
+        return True
 
 
 @pytest_asyncio.fixture
 async def proxy(pg_url: str) -> AsyncIterator[LosingProxy]:
-    p = LosingProxy(urlsplit(pg_url).port or 5432)
-    await p.start()
-    yield p
-    await p.close()
-
-
-def _via(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
+    async with LosingProxy(pg_url) as p:
+        yield p
 
 
 async def test_s25_reply_lost_after_commit_gives_one_receipt(
     pg_url: str, pg_schema: str, proxy: LosingProxy
 ) -> None:
-    store = PostgresStore(_via(pg_url, proxy.port), schema=pg_schema, max_size=2)
+    store = PostgresStore(proxy.url, schema=pg_schema, max_size=2)
     try:
         agent = await durable.open(None, store=store, session_id="lost-ack")
         # The append's reply ("INSERT 0 1") never arrives: the COMMIT happened,

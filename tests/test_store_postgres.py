@@ -8,7 +8,7 @@ import functools
 import hashlib
 import itertools
 import multiprocessing
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,8 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
+from tcp_proxy import TcpProxy
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
@@ -532,3 +534,54 @@ async def test_s38_a_store_that_waited_for_another_migration_sees_its_schema(
     finally:
         await other.close()
         await store.close()
+
+
+@pytest_asyncio.fixture
+async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
+    async with TcpProxy(pg_url) as p:
+        yield p
+
+
+@pytest.mark.parametrize(("min_size", "max_size"), [(0, 3), (1, 1), (1, 10), (3, 3)])
+async def test_s46_a_cold_open_and_load_connects_once_and_keeps_min_size(
+    pg_url: str, pg_schema: str, proxy: TcpProxy, min_size: int, max_size: int
+) -> None:
+    async with PostgresStore(pg_url, schema=pg_schema) as writer:
+        await writer.create_session(SessionRecord(id="s"))
+        await writer.append_entries("s", [_entry("hello")])
+    store = PostgresStore(proxy.url, schema=pg_schema, min_size=min_size,
+                          max_size=max_size)
+    try:
+        assert [e.message.text for e in await store.load_entries("s")] == ["hello"]
+        if min_size <= 1:
+            assert proxy.made == 1
+        # The pool still fills to the min_size it was given, and no further.
+        await store.pool.wait(timeout=10)
+        await asyncio.sleep(0.1)
+        assert store.pool.get_stats()["pool_size"] == max(min_size, 1) == proxy.made
+    finally:
+        await store.close()
+    assert await proxy.closed()
+
+
+async def test_s46_a_store_closed_before_its_pool_took_the_first_connection_closes_it(
+    pg_url: str, pg_schema: str, proxy: TcpProxy
+) -> None:
+    # min_size=0: no pool connection is asked for until the first call.
+    async with PostgresStore(proxy.url, schema=pg_schema, min_size=0):
+        assert (proxy.made, proxy.open) == (1, 1)
+    assert await proxy.closed()
+
+
+async def test_s46_create_false_on_a_missing_schema_fails_in_one_connection_and_closes_it(
+    pg_url: str, pg_schema: str, proxy: TcpProxy
+) -> None:
+    store = PostgresStore(proxy.url, schema=pg_schema, create=False)
+    for _ in range(2):  # and again: the pool was never opened
+        with pytest.raises(StoreError, match="no threadline store.*" + pg_schema) as info:
+            await store.load_entries("s")
+        assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
+        assert await proxy.closed()
+    assert proxy.made == 2 and store.pool.closed
+    await store.close()
+    assert _rows(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", pg_schema) == []

@@ -40,9 +40,9 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from threadline.errors import (
@@ -219,6 +219,8 @@ def _append_values(n: int) -> str:
 
 
 _Q = {
+    # Fails with UndefinedTable until the first migration has run.
+    "version": "SELECT coalesce(max(version), 0), to_regclass(%s) FROM {s}.schema_migrations",
     "create": "INSERT INTO {s}.sessions (session_id, parent_id, created_at) "
               "VALUES (%s, %s, %s) ON CONFLICT (session_id) DO NOTHING",
     # One statement: the UPDATE's row lock orders appenders to one session and
@@ -303,7 +305,9 @@ class PostgresStore:
     ``max_size``, ``timeout`` (seconds to wait for a pooled connection) and
     ``connect_timeout`` shape the pool the store creates. The first use makes
     one plain connection before starting the pool, so a wrong host, database or
-    password fails at once with the server's own reason instead of pool retries.
+    password fails at once with the server's own reason instead of pool retries;
+    that connection checks (or migrates) the schema and then becomes the pool's
+    first, so a cold open connects once (S46).
     With ``create=False`` a schema that does not exist is a ``StoreError``
     rather than being created.
 
@@ -337,6 +341,7 @@ class PostgresStore:
                               f"max_size >= 1, got min_size={min_size}, max_size={max_size}")
         self.schema = schema
         self._connect_timeout = connect_timeout
+        self._spare: list[Conn] = []  # the first pool's (see _taking_from)
         self._create = create
         if isinstance(url_or_pool, AsyncConnectionPool):
             self._pool: AsyncConnectionPool[Any] = url_or_pool
@@ -347,15 +352,16 @@ class PostgresStore:
             self._where = f"{redact(url_or_pool)}, schema {schema!r}"
             url = url_or_pool
 
-            def new_pool() -> AsyncConnectionPool[Any]:
+            def new_pool(spare: list[Conn]) -> AsyncConnectionPool[Any]:
                 return AsyncConnectionPool(
                     url, open=False, min_size=min_size, max_size=max_size, timeout=timeout,
+                    connection_class=_taking_from(spare),
                     kwargs={"autocommit": True, "prepare_threshold": prepare_threshold,
                             "connect_timeout": max(1, round(connect_timeout))},
                 )
 
             self._new_pool = new_pool
-            self._pool = new_pool()
+            self._pool = new_pool(self._spare)
         else:
             raise ConfigError(f"PostgresStore needs a URL or an AsyncConnectionPool, got "
                               f"{type(url_or_pool).__name__}")
@@ -405,8 +411,12 @@ class PostgresStore:
                     raise StoreError(
                         f"{self._where}: the AsyncConnectionPool passed in belongs to another "
                         f"event loop; pass a URL to have the store make a pool per loop")
-                pool = self._new_pool() if self._loops and self._owns_pool else self._pool
-                here = self._loops[loop] = _LoopPool(pool)
+                if self._loops and self._owns_pool:
+                    spare: list[Conn] = []
+                    here = _LoopPool(self._new_pool(spare), spare)
+                else:
+                    here = _LoopPool(self._pool, self._spare)
+                self._loops[loop] = here
         return here
 
     async def _start(self, session_id: str | None = None) -> None:
@@ -423,26 +433,48 @@ class PostgresStore:
                 # within connect_timeout with the server's own reason and
                 # leaves the pool unopened, to be tried again by the next call.
                 # (A pool whose first wait times out closes itself for good.)
-                await self._probe("connecting", session_id, here, check_schema=not self._create)
-                await here.pool.open()
-            if not self._ready:  # once per store, whichever loop comes first
-                await self._with_conn("migrating the schema", None, self._migrate)
-                self._ready = True
+                # It checks the schema, then becomes the pool's first
+                # connection, so a cold open connects once.
+                conn = await self._connect("connecting", session_id, here)
+                here.down = False
+                try:
+                    if not self._ready:
+                        with self._errors("migrating the schema", session_id, here):
+                            await self._migrate(conn)
+                        self._ready = True
+                except BaseException:
+                    await conn.close()
+                    raise
+                if here.pool.closed:
+                    here.spare.append(conn)
+                    await here.pool.open()
+                    await _taken(here)
+                else:  # the application opened it already (``store.pool``)
+                    await conn.close()
+            if not self._ready:
+                await self._with_conn("migrating the schema", session_id, self._migrate)
+            self._ready = True  # once per store, whichever loop comes first
             here.ready = True
 
     async def _migrate(self, conn: Conn) -> None:
         ident = sql.Identifier(self.schema)
-        # The common open finds the schema current: two reads, no lock, no DDL
-        # (a cold open's round trips are most of its cost). Anything else is
-        # decided again below, under the lock.
-        cur = await conn.execute("SELECT to_regclass(%s)", (
-            sql.Identifier(self.schema, "schema_migrations").as_string(None),))
-        row = await cur.fetchone()
-        if row is not None and row[0] is not None:
-            cur = await conn.execute(sql.SQL(
-                "SELECT coalesce(max(version), 0) FROM {}.schema_migrations").format(ident))
-            row = await cur.fetchone()
-            if row is not None and int(row[0]) >= MIGRATIONS[-1][0]:
+        # The common open finds the schema current in one read, without the
+        # lock or DDL (a cold open's round trips are most of its cost). A
+        # schema not there yet fails that read, which only means "migrate";
+        # anything but a current schema is decided again below, under the lock.
+        try:
+            if conn.autocommit:
+                row = await self._stored_version(conn)
+            else:  # a savepoint, so the failed read leaves the caller's transaction usable
+                async with conn.transaction():
+                    row = await self._stored_version(conn)
+        except psycopg.errors.UndefinedTable as exc:
+            if not self._create:
+                raise self._no_store() from exc
+        else:
+            if not self._create and row[1] is None:
+                raise self._no_store()
+            if row[0] >= MIGRATIONS[-1][0]:
                 return
         # A lock id per schema: processes migrating other schemas do not wait.
         key = int.from_bytes(
@@ -464,21 +496,23 @@ class PostgresStore:
                 if attempt == 2:
                     raise
 
-    async def _with_conn(self, what: str, session_id: str | None,
-                         fn: Callable[[Conn], Awaitable[T]]) -> T:
-        if self._closed:
-            raise StoreError(f"{self._where}: store is closed", session_id=session_id)
-        here = self._here()
-        if here.down:
-            await self._probe(what, session_id, here)
+    async def _stored_version(self, conn: Conn) -> tuple[int, str | None]:
+        """The schema's migration version, and whether its ``sessions`` table exists."""
+        cur = await conn.execute(self._q["version"], (
+            sql.Identifier(self.schema, "sessions").as_string(None),))
+        row = await cur.fetchone()
+        assert row is not None  # an aggregate gives one row
+        return int(row[0]), row[1]
+
+    def _no_store(self) -> StoreError:
+        return StoreError(f"no threadline store in {self._where}: "
+                          f"the schema or its tables do not exist")
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, session_id: str | None, here: _LoopPool) -> Iterator[None]:
+        """psycopg's and the pool's errors as the store's, naming it and ``what``."""
         try:
-            async with here.pool.connection() as conn:
-                if conn.autocommit:
-                    return await fn(conn)
-                # A pool the application passed in may hand out connections
-                # outside autocommit: commit here, or the pool rolls back.
-                async with conn.transaction():
-                    return await fn(conn)
+            yield
         except PoolTimeout as exc:
             raise StoreUnavailable(f"{self._where}: no connection for {what} within the pool "
                                    f"timeout: {exc}", session_id=session_id) from exc
@@ -496,38 +530,45 @@ class PostgresStore:
             raise StoreError(f"{self._where}: {what}{sess} failed: "
                              f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
 
-    async def _probe(self, what: str, session_id: str | None, here: _LoopPool, *,
-                     check_schema: bool = False) -> None:
-        """Fail fast while the server is down; once it answers, renew the pool.
+    async def _with_conn(self, what: str, session_id: str | None,
+                         fn: Callable[[Conn], Awaitable[T]]) -> T:
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed", session_id=session_id)
+        here = self._here()
+        if here.down:
+            await self._probe(what, session_id, here)
+        with self._errors(what, session_id, here):
+            async with here.pool.connection() as conn:
+                if conn.autocommit:
+                    return await fn(conn)
+                # A pool the application passed in may hand out connections
+                # outside autocommit: commit here, or the pool rolls back.
+                async with conn.transaction():
+                    return await fn(conn)
+
+    async def _connect(self, what: str, session_id: str | None, here: _LoopPool) -> Conn:
+        """A connection made as the pool makes them, or ``StoreUnavailable`` saying why not.
 
         The pool would wait its whole ``timeout`` for a connection it cannot
-        make; one direct connection attempt fails within ``connect_timeout``
-        and says why (wrong host, database or password). ``check_schema``
-        (``create=False``) also requires the store's tables to exist.
+        make; one direct attempt fails within ``connect_timeout`` and gives
+        the server's reason (wrong host, database or password).
         """
         conninfo, kwargs = here.pool.conninfo, here.pool.kwargs or {}
-        if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
-            here.down = False  # computed per connection: only the pool can try
-            return
+        assert isinstance(conninfo, str) and isinstance(kwargs, dict)  # _fixed(here.pool)
         kwargs = {**kwargs, "autocommit": True,
                   "connect_timeout": max(1, round(self._connect_timeout))}
         try:
-            probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+            return await psycopg.AsyncConnection.connect(conninfo, **kwargs)
         except psycopg.Error as exc:
             # libpq repeats the reason once per address it tried; the first line says it.
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise StoreUnavailable(f"{self._where}: {what}: cannot connect: {reason}",
                                    session_id=session_id) from exc
-        async with probe:
-            if check_schema:
-                cur = await probe.execute(
-                    "SELECT to_regclass(%s)",
-                    (sql.Identifier(self.schema, "sessions").as_string(None),))
-                row = await cur.fetchone()
-                if row is None or row[0] is None:
-                    raise StoreError(f"no threadline store in {self._where}: "
-                                     f"the schema or its tables do not exist",
-                                     session_id=session_id)
+
+    async def _probe(self, what: str, session_id: str | None, here: _LoopPool) -> None:
+        """Fail fast while the server is down; once it answers, renew the pool."""
+        if _fixed(here.pool):  # else computed per connection: only the pool can try
+            await (await self._connect(what, session_id, here)).close()
         here.down = False
         if not here.pool.closed:
             await here.pool.check()  # drop the pooled connections that died
@@ -686,9 +727,9 @@ class PostgresStore:
             await self._pool.close()
         for owner, here in pools:
             if owner is loop:
-                await here.pool.close()
+                await _close_pool(here)
             elif owner.is_running():
-                asyncio.run_coroutine_threadsafe(here.pool.close(), owner)
+                asyncio.run_coroutine_threadsafe(_close_pool(here), owner)
             # A pool whose loop has ended has no workers left; its connections
             # close when it is collected.
 
@@ -846,11 +887,31 @@ class PostgresStore:
         return list(decode_compact(rows[1:], sid, self._where + ","))
 
 
-class _LoopPool:
-    __slots__ = ("down", "listener", "lock", "pool", "ready", "waiting")
+def _taking_from(spare: list[Conn]) -> type[Conn]:
+    """A connection class for a pool whose next connect takes one from ``spare``, if any.
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    The store's first connection checks the server and the schema before the
+    pool opens; given to the pool this way (psycopg_pool has no call to adopt
+    a connection), it is the pool's first, and a cold open connects once.
+    """
+
+    class Connection(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            if spare:
+                return cast(Self, spare.pop())
+            return await super().connect(conninfo, **kwargs)
+
+    return Connection
+
+
+class _LoopPool:
+    __slots__ = ("down", "listener", "lock", "pool", "ready", "spare", "waiting")
+
+    def __init__(self, pool: AsyncConnectionPool[Any], spare: list[Conn]) -> None:
         self.pool = pool
+        self.spare = spare
+        """The connection ``_start`` made, until the pool takes it (``_taking_from``)."""
         self.lock = asyncio.Lock()  # made and used in the one loop this pool serves
         self.ready = False
         self.down = False
@@ -882,6 +943,29 @@ async def _apply_migrations(conn: Conn, ident: sql.Identifier) -> None:
             await conn.execute(sql.SQL(
                 "INSERT INTO {}.schema_migrations (version) VALUES (%s)").format(ident),
                 (version,))
+
+
+def _fixed(pool: AsyncConnectionPool[Any]) -> bool:
+    """Whether ``pool`` connects with one conninfo string and keyword dict (a store's own does)."""
+    return isinstance(pool.conninfo, str) and isinstance(pool.kwargs or {}, dict)
+
+
+async def _taken(here: _LoopPool) -> None:
+    """Give a pool that just opened the loop turns its first fill takes to take ``here.spare``.
+
+    A call that found the pool empty meanwhile would grow it by one more
+    connection. A pool with no min_size takes it when the first call grows it.
+    """
+    for _ in range(100):
+        if not here.spare or not here.pool.min_size:
+            return
+        await asyncio.sleep(0)
+
+
+async def _close_pool(here: _LoopPool) -> None:
+    await here.pool.close()
+    while here.spare:  # closed before a worker took it
+        await here.spare.pop().close()
 
 
 def _stop_listener(here: _LoopPool) -> None:
