@@ -543,7 +543,7 @@ async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
 
 
 @pytest.mark.parametrize(("min_size", "max_size"), [(0, 3), (1, 1), (1, 10), (3, 3)])
-async def test_s46_a_cold_open_and_load_connects_once_and_keeps_min_size(
+async def test_s43_a_cold_open_and_load_connects_once_and_keeps_min_size(
     pg_url: str, pg_schema: str, proxy: TcpProxy, min_size: int, max_size: int
 ) -> None:
     async with PostgresStore(pg_url, schema=pg_schema) as writer:
@@ -564,7 +564,7 @@ async def test_s46_a_cold_open_and_load_connects_once_and_keeps_min_size(
     assert await proxy.closed()
 
 
-async def test_s46_a_store_closed_before_its_pool_took_the_first_connection_closes_it(
+async def test_s43_a_store_closed_before_its_pool_took_the_first_connection_closes_it(
     pg_url: str, pg_schema: str, proxy: TcpProxy
 ) -> None:
     # min_size=0: no pool connection is asked for until the first call.
@@ -573,7 +573,7 @@ async def test_s46_a_store_closed_before_its_pool_took_the_first_connection_clos
     assert await proxy.closed()
 
 
-async def test_s46_create_false_on_a_missing_schema_fails_in_one_connection_and_closes_it(
+async def test_s43_create_false_on_a_missing_schema_fails_in_one_connection_and_closes_it(
     pg_url: str, pg_schema: str, proxy: TcpProxy
 ) -> None:
     store = PostgresStore(proxy.url, schema=pg_schema, create=False)

@@ -307,7 +307,7 @@ class PostgresStore:
     one plain connection before starting the pool, so a wrong host, database or
     password fails at once with the server's own reason instead of pool retries;
     that connection checks (or migrates) the schema and then becomes the pool's
-    first, so a cold open connects once (S46).
+    first, so a cold open connects once (S43).
     With ``create=False`` a schema that does not exist is a ``StoreError``
     rather than being created.
 
