@@ -578,23 +578,15 @@ def decode_lines(
 
 def decode_body(
     data: bytes, start: int, end: int, *, session_id: str | None = None,
-    path: str | None = None, first_line: int = 1, ids: list[str] | None = None,
+    path: str | None = None, first_line: int = 1,
 ) -> list[Entry]:
-    """``decode_lines`` of ``data[start:end]``, which ends in a newline, without a copy.
-
-    ``ids``, if given, gets the entries' ids: collected a chunk at a time,
-    while the entries are still in the CPU's cache, they cost a third of
-    what a pass over the loaded list costs.
-    """
+    """``decode_lines`` of ``data[start:end]``, which ends in a newline, without a copy."""
     try:
-        return _decode_chunks(data, start, end, _CHUNK, ids)
+        return _decode_chunks(data, start, end, _CHUNK)
     except (msgspec.DecodeError, RecursionError, _Recheck, CorruptLog):
         # Line by line: slower, but it settles every line the bulk decode
         # cannot, and names the line of the first one that is corrupt.
-        entries = _decode_each(data[start:end], (session_id, path, first_line))
-        if ids is not None:
-            ids[:] = [e.id for e in entries]
-        return entries
+        return _decode_each(data[start:end], (session_id, path, first_line))
 
 
 _CHUNK = 1 << 18
@@ -608,8 +600,7 @@ did as well, 4 MiB no better than the whole file; docs/benchmarks.md,
 "Session file format")."""
 
 
-def _decode_chunks(data: bytes, start: int, end: int, chunk: int,
-                   ids: list[str] | None = None) -> list[Entry]:
+def _decode_chunks(data: bytes, start: int, end: int, chunk: int) -> list[Entry]:
     """``decode_body``'s common case, ``chunk`` bytes (rounded up to a line) at a time.
 
     Raises, for ``decode_body`` to decode line by line, as soon as a line is
@@ -635,8 +626,6 @@ def _decode_chunks(data: bytes, start: int, end: int, chunk: int,
             pieces = (_lines(data, pos, stop, last),)
         for built in pieces:
             entries += built
-            if ids is not None:
-                ids += [e.id for e in built]
         pos = stop
     return entries
 

@@ -1051,14 +1051,20 @@ class FileStore:
                 f"with no newline), left by an append that did not finish; none of that "
                 f"append's entries are kept (several entries of one call share one line)"
             )
-        # The load's ids are kept, so that the next append need not read the
-        # file for them. As a list: hashing them into the index is most of
-        # the cost, and a load no append follows never needs it.
-        ids: list[str] = []
         entries = decode_body(data, first + 1, end, session_id=session_id, path=str(path),
-                              first_line=2, ids=ids)
-        self._keep_ids(session_id, st.st_dev, st.st_ino, (ids, end))
+                              first_line=2)
+        self._remember_ids(session_id, st, end, entries)
         return EntryLog(entries, diagnostics)
+
+    def _remember_ids(self, session_id: str, st: os.stat_result, size: int,
+                      entries: Sequence[Entry]) -> None:
+        """Keep a load's ids, so that the next append need not read the file for them.
+
+        As a list: hashing them into the index is most of the cost (the list
+        is about a quarter of it), and a load no append follows never needs it.
+        """
+        ids = [e.id for e in entries]
+        self._keep_ids(session_id, st.st_dev, st.st_ino, (ids, size))
 
     def _keep_ids(self, session_id: str, dev: int, ino: int,
                   known: _KnownIds | tuple[list[str], int]) -> None:
