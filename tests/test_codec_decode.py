@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_codec import compactable, entries
-from threadline.ai._messages import AssistantMessage, TextPart, UserMessage
+from threadline.ai._messages import AssistantMessage, TextPart, ToolCall, UserMessage
 from threadline.errors import CorruptLog
 from threadline.session import FileStore, MessageEntry, SessionRecord
 from threadline.session import _codec as codec
@@ -178,3 +178,52 @@ def test_s35_a_load_gives_the_public_types_with_their_timestamps() -> None:
     assert type(got[0].message) is UserMessage and type(got[1].message) is AssistantMessage
     assert got[1].message == AssistantMessage(content=(TextPart(text="yo"),))
     assert got[0].timestamp.tzinfo is UTC
+
+
+# Texts holding what a batch line's pieces are cut before, so that a cut can
+# fall inside a string or a nested value: the bulk path then decodes the rest
+# of the line whole, and still gives the line-by-line decode's entries.
+_TRAPS = [',["', ',{"type":"message",', '"],["', '\\",["x',
+          ',["a",null,"2025-01-01T00:00:00Z","b"]']
+
+
+@pytest.mark.parametrize("trap", _TRAPS)
+def test_s35_a_long_batch_line_is_cut_only_between_its_entries(trap: str) -> None:
+    chain = _chain(40, "t" * 50)
+    chain[7] = msgspec.structs.replace(chain[7], message=UserMessage.of(trap * 30))
+    nested = AssistantMessage(content=(ToolCall(id="c", name="n", arguments={
+        "rows": [["a"], ["b"]], "m": [{"a": 1}, {"type": "message", "x": trap}]}),))
+    chain[20] = msgspec.structs.replace(chain[20], message=nested)
+    old = MessageEntry(id="v2", parent_id=chain[-1].id, message=UserMessage.of(trap))
+    body = (frame([encode_entry(e) for e in chain], version=3)
+            + frame([encode_entry(e) for e in [old, *_chain(3, trap)]], version=2))
+    want = _reference(body)
+    for chunk in (1, 5, 64, 300, 997, codec._CHUNK):
+        got = codec._decode_chunks(body, 0, len(body), chunk)
+        assert_same_load(got, want)
+        assert all(got[n].parent_id is got[n - 1].id for n in range(1, len(chain)))
+
+
+@pytest.mark.parametrize("at", [5, 1500, 2999])
+async def test_s14_a_corrupt_entry_in_a_long_batch_line_fails_the_load_naming_the_line(
+    tmp_path: Path, at: int,
+) -> None:
+    store = FileStore(tmp_path, durability="flush")
+    await store.create_session(SessionRecord(id="s"))
+    first = _chain(2, "first")
+    await store.append_entries("s", first)
+    chain = _chain(3000, "z" * 200)
+    await store.append_entries("s", chain)  # line 3: one batch line of about 2.5 chunks
+    path = store.path_for("s")
+    assert_same_load(await FileStore(tmp_path).load_entries("s"), [*first, *chain])
+    data = path.read_bytes()
+    good = codec.compact_line(encode_entry(chain[at]))
+    bad = good.replace(b'"' + chain[at].id.encode() + b'"', b'""', 1)  # an empty id
+    assert data.count(good) == 1 and len(bad) < len(good)
+    path.write_bytes(data.replace(good, bad))
+    assert len(data.split(b"\n")[2]) > 2 * codec._CHUNK
+
+    with pytest.raises(CorruptLog) as info:
+        await FileStore(tmp_path).load_entries("s")
+    assert (info.value.session_id, info.value.path, info.value.line) == ("s", str(path), 3)
+    assert isinstance(info.value.__cause__, msgspec.ValidationError)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeAlias
 
@@ -607,25 +607,96 @@ def _decode_chunks(data: bytes, start: int, end: int, chunk: int) -> list[Entry]
     anything but exactly what this version writes for what was decoded.
     """
     entries: list[Entry] = []
-    view = memoryview(data)
     pos = start
     while pos < end:
         stop = data.find(b"\n", min(pos + chunk, end) - 1, end) + 1
-        # Lines longer than a chunk (large batch lines) fit in no cache
-        # anyway; one at a time they loaded 5-10% slower than decoded
-        # together, so a run of them is one chunk.
-        while (stop - pos > chunk and stop < end
-               and data.find(b"\n", stop, min(stop + chunk, end)) < 0):
-            stop = data.find(b"\n", min(stop + chunk, end) - 1, end) + 1
-        items: list[Any] = _line_decoder.decode_lines(view[pos:stop])
-        entries += _flatten(items, entries[-1].id if entries else None)
-        # Encoding back costs far less than decoding, and it also catches
-        # what decode_lines lets by: a blank line, a header field that was
-        # missing and got its default, another spelling of the same value.
-        if not _written_as_decoded(items, data, pos, stop):
-            raise _Recheck
+        begin = data.rfind(b"\n", pos, stop - 1) + 1 or pos  # of the chunk's last line
+        last = entries[-1].id if entries else None
+        pieces: Iterable[list[Entry]]
+        if stop - begin <= chunk:
+            pieces = (_lines(data, pos, stop, last),)
+        elif begin > pos:  # a long line: the lines before it first, then that line alone
+            stop = begin
+            pieces = (_lines(data, pos, stop, last),)
+        elif (data.startswith(_BATCH_HEAD, pos)
+              and data.startswith(_BATCH_TAIL, stop - len(_BATCH_TAIL))
+              and stop - len(_BATCH_TAIL) >= pos + len(_BATCH_HEAD)):
+            pieces = _batch_pieces(data, pos, stop, chunk, last)
+        else:
+            pieces = (_lines(data, pos, stop, last),)
+        for built in pieces:
+            entries += built
         pos = stop
     return entries
+
+
+def _lines(data: bytes, pos: int, stop: int, last: str | None) -> list[Entry]:
+    """The entries of the lines ``data[pos:stop]`` (``last``: the id before them)."""
+    items: list[Any] = _line_decoder.decode_lines(memoryview(data)[pos:stop])
+    built = _flatten(items, last)
+    # Encoding back costs far less than decoding, and it also catches
+    # what decode_lines lets by: a blank line, a header field that was
+    # missing and got its default, another spelling of the same value.
+    if not _written_as_decoded(items, data, pos, stop):
+        raise _Recheck
+    return built
+
+
+_BATCH_HEAD = b'{"type":"batch","entries":['
+_BATCH_TAIL = b"]}\n"
+# Where, in a batch line this version wrote, one entry ends and the next
+# begins: before a compact entry, or a message entry kept whole.
+_SEPARATORS = (b',["', b',{"type":"message",')
+_piece_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(list[_WireEntry | _Compact])
+
+
+def _batch_pieces(data: bytes, pos: int, stop: int, chunk: int,
+                  last: str | None) -> Iterator[list[Entry]]:
+    """The entries of the batch line ``data[pos:stop]``, about ``chunk`` bytes of it at a time.
+
+    A batch line of many entries is megabytes long; decoded whole, its
+    values leave the CPU's cache before they are built into entries and
+    encoded back, and the load cost 1.3-1.6 times its floor. So each piece
+    of its array is decoded, built and checked in turn, as a chunk of lines
+    is. A piece ends before a separator; ``[`` + piece + ``]`` is valid JSON
+    only if that separator lies between two of the array's elements (inside
+    a string or a nested value it leaves something open), so a separator
+    found in an entry's text costs one failed decode, never a wrong entry.
+    """
+    view = memoryview(data)
+    p = pos + len(_BATCH_HEAD)
+    close = stop - len(_BATCH_TAIL)
+    while p < close:
+        q = _separator(data, p + chunk, close, chunk)
+        piece = b"".join((b"[", view[p:q], b"]"))
+        try:
+            items: list[Any] = _piece_decoder.decode(piece)
+        except (msgspec.DecodeError, RecursionError):
+            if q == close:
+                raise
+            q = close  # a separator inside an entry: the rest of the line as one piece
+            piece = b"".join((b"[", view[p:q], b"]"))
+            items = _piece_decoder.decode(piece)
+        built: list[Entry] = []
+        _other(_Batch(items), built, last)
+        if _encoder.encode(items) != piece:
+            raise _Recheck
+        yield built
+        if built:
+            last = built[-1].id
+        p = q + 1
+
+
+def _separator(data: bytes, at: int, close: int, window: int) -> int:
+    """The first separator at or after ``at`` (``close`` if none), a window at a time."""
+    while at < close:
+        until = min(close, at + window)
+        for separator in _SEPARATORS:
+            found = data.find(separator, at, until + len(separator) - 1)
+            if 0 <= found < close:
+                return found
+        at = until
+    return close
 
 
 class _Recheck(Exception):
@@ -678,7 +749,9 @@ def _compact_run(items: Sequence[tuple[Any, ...]], last: str | None) -> list[Ent
             message = assistant((text(body[0]),))
         else:
             message = body
-            if _body(message) is not message:
+            # Tested inline first: only a message of one part can have a shorthand.
+            if (type(message) is not ToolResultMessage and len(message.content) == 1
+                    and _body(message) is not message):
                 raise _Recheck
         append(entry(id=entry_id, parent_id=last if stored_parent == last else stored_parent,
                      timestamp=timestamp, message=message))
@@ -707,21 +780,13 @@ def _other(item: Any, entries: list[Entry], last: str | None) -> Any:
 
 
 def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
-    """Whether ``items`` encode to exactly ``data[pos:end]``."""
-    i = 0
-    while i < len(items):
-        # Encode a run of up to 2048 single-entry lines, or one batch line,
-        # at a time: the copy stays small next to the file.
-        j = i + 1
-        if type(items[i]) is not _Batch:
-            while j < len(items) and j - i < 2048 and type(items[j]) is not _Batch:
-                j += 1
-        encoded = _encoder.encode_lines(items[i:j])
-        if not data.startswith(encoded, pos):
-            return False
-        pos += len(encoded)
-        i = j
-    return pos == end
+    """Whether ``items`` encode to exactly ``data[pos:end]``.
+
+    In one call: ``_decode_chunks`` hands over at most two chunks of lines
+    or one long line, so the copy stays small next to the file.
+    """
+    encoded = _encoder.encode_lines(items)
+    return len(encoded) == end - pos and data.startswith(encoded, pos)
 
 
 def _decode_each(body: bytes, where: _Where) -> list[Entry]:
