@@ -672,13 +672,16 @@ def main() -> None:
                     help="one floor write after every Nth append")
     ap.add_argument("--stores", default="sqlite,postgres,file",
                     help="comma-separated: which stores to run")
+    ap.add_argument("--schema-prefix", default="tl_bench",
+                    help="the scratch schema's name starts with this (runs side by side "
+                         "keep apart)")
     ap.add_argument("--file-as", choices=("store", "floor", "hop"), default="store",
                     help="in the file store's place: the floor's own write (an A/A run), "
                          "or that write on a worker thread; file only, not verified")
     args = ap.parse_args()
     chosen = args.stores.split(",")
 
-    schema = f"tl_bench_{secrets.token_hex(4)}"
+    schema = f"{args.schema_prefix}_{secrets.token_hex(4)}"
     work = Path(tempfile.mkdtemp(prefix="tl-bench-", dir=os.environ.get("BENCH_DIR")))
     results: dict[str, Any] = {
         "processes": args.processes, "sessions_per_process": args.sessions,
