@@ -58,6 +58,7 @@ from threadline.session import MessageEntry, PostgresStore, SessionRecord, SQLit
 from threadline.session._codec import decode_entry
 from threadline.session._rows import KINDS, VERBATIM, _header, _row_where, decode_compact, id_text
 from threadline.session._store import EntryLog
+from threadline.session._storekit import from_micros
 
 PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 RESULTS = Path(__file__).parent / "results" / "sql_load.json"
@@ -85,7 +86,8 @@ def decode_by_line(rows: Iterable[Sequence[Any]], session_id: str, where: str) -
                 else:
                     parent = bytes(parent)
                     parent_text = texts.get(parent) or id_text(parent)
-                line = _header(kind, text, parent_text, ts) + bytes(data) + KINDS[kind][2]
+                line = (_header(kind, text, parent_text, from_micros(ts)) + bytes(data)
+                        + KINDS[kind][2])
         except (TypeError, ValueError, UnicodeDecodeError) as exc:
             raise CorruptLog(f"not a stored entry: {exc}", session_id=session_id,
                              path=_row_where(where, session_id, seq)) from exc

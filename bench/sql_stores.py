@@ -313,24 +313,21 @@ async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
     n = 10_000_000
     store_us: list[float] = []
     floor_us: list[float] = []
-    hop_us: list[float] = []
-    hop = None
-    if kind == "sqlite":
-        # The same bare write, made on the store's thread through its hop:
-        # what is left between it and the store is the store's own work.
-        hop_sid = "w0-s998"
-        lite = cast(SQLiteStore, store)
-        hop = await lite._call(lambda conn: _floor_op(kind, target, schema, [hop_sid],
-                                                      encode_entry(_entry(None, 0, 0))))
-    parts = (0, 1, 2) if hop is not None else (0, 1)
+    third_us: list[float] = []
+    third, name, async_floor = await _third_write(kind, store, target, schema, floor_sid)
+    parts = (0, 1, 2) if third is not None else (0, 1)
     for r in range(rounds):
         for part in (parts if r % 2 == 0 else parts[::-1]):
+            # The entries are made before the clock starts: that is the
+            # caller's work, as the floor's row is made before its clock.
+            entries = []
+            for _ in range(block if part == 0 else 0):
+                entries.append(_entry(parent, 0, r))
+                parent = entries[-1].id
             t0 = time.perf_counter()
             if part == 0:
-                for _ in range(block):
-                    entry = _entry(parent, 0, r)
+                for entry in entries:
                     await store.append_entries("solo", [entry])
-                    parent = entry.id
                 store_us.append((time.perf_counter() - t0) / block * 1e6)
             elif part == 1:
                 for _ in range(block):
@@ -338,21 +335,73 @@ async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
                     n += 1
                 floor_us.append((time.perf_counter() - t0) / block * 1e6)
             else:
-                assert hop is not None
+                assert third is not None
                 for _ in range(block):
-                    await lite._call(partial(lambda m, conn: hop(hop_sid, m), n))
+                    await third(n)
                     n += 1
-                hop_us.append((time.perf_counter() - t0) / block * 1e6)
+                third_us.append((time.perf_counter() - t0) / block * 1e6)
     await store.close()  # type: ignore[attr-defined]
+    if async_floor is not None:
+        await async_floor.close()
     ratios = [f / st for f, st in zip(floor_us, store_us, strict=True)]
     out = {"rounds": rounds, "block": block, "store_us": statistics.median(store_us),
            "floor_us": statistics.median(floor_us), "rate_vs_floor": statistics.median(ratios),
            "ratios_min_max": [min(ratios), max(ratios)]}
-    if hop_us:
-        out["floor_hop_us"] = statistics.median(hop_us)
-        out["rate_vs_floor_hop"] = statistics.median(
-            [h / st for h, st in zip(hop_us, store_us, strict=True)])
+    if third_us:
+        out[f"{name}_us"] = statistics.median(third_us)
+        out[f"rate_vs_{name}"] = statistics.median(
+            [h / st for h, st in zip(third_us, store_us, strict=True)])
     return out
+
+
+async def _third_write(kind: str, store: Store, target: str, schema: str, floor_sid: str
+                       ) -> tuple[Callable[[int], Awaitable[None]] | None, str,
+                                  _AsyncFloor | None]:
+    """A third write between store and floor, its name in the results, and what to close."""
+    if kind == "postgres":
+        # The same bare INSERT on an AsyncConnection: what psycopg's asyncio
+        # side costs before the store does anything (the store cannot block).
+        async_floor = await _async_floor(target, schema)
+        return partial(async_floor, floor_sid), "floor_async", async_floor
+    if kind != "sqlite":
+        return None, "", None
+    # The same bare write, made on the store's thread through its hop:
+    # what is left between it and the store is the store's own work.
+    hop_sid = "w0-s998"
+    lite = cast(SQLiteStore, store)
+    hop = await lite._call(lambda conn: _floor_op(kind, target, schema, [hop_sid],
+                                                  encode_entry(_entry(None, 0, 0))))
+
+    def through_hop(m: int) -> Awaitable[None]:
+        return lite._call(lambda conn: hop(hop_sid, m))
+
+    return through_hop, "floor_hop", None
+
+
+class _AsyncFloor:
+    """The PostgreSQL floor's INSERT on a psycopg ``AsyncConnection``."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], query: str,
+                 row: tuple[Any, ...]) -> None:
+        self._conn, self._query, self._row = conn, query, row
+
+    async def __call__(self, sid: str, n: int) -> None:
+        code, key, parent, ts, data = self._row
+        await self._conn.execute(self._query, (n + 5_000_000, ts, code, sid,
+                                               key[:12] + (n + 5_000_000).to_bytes(4), parent,
+                                               data))
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+async def _async_floor(target: str, schema: str) -> _AsyncFloor:
+    line = encode_entry(_entry(None, 0, 0))
+    code, key, _, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
+    conn = await psycopg.AsyncConnection.connect(target, autocommit=True)
+    query = (f"INSERT INTO {schema}.floor (seq, ts, kind, session_id, entry_id, parent_id, "
+             f"data) VALUES (%s, %s, %s, %s, %s, %s, %s)")
+    return _AsyncFloor(conn, query, (code, key, key, ts, data))
 
 
 def _one_at_a_time(store: SQLiteStore) -> None:
@@ -672,13 +721,16 @@ def main() -> None:
                     help="one floor write after every Nth append")
     ap.add_argument("--stores", default="sqlite,postgres,file",
                     help="comma-separated: which stores to run")
+    ap.add_argument("--schema-prefix", default="tl_bench",
+                    help="the scratch schema's name starts with this (runs side by side "
+                         "keep apart)")
     ap.add_argument("--file-as", choices=("store", "floor", "hop"), default="store",
                     help="in the file store's place: the floor's own write (an A/A run), "
                          "or that write on a worker thread; file only, not verified")
     args = ap.parse_args()
     chosen = args.stores.split(",")
 
-    schema = f"tl_bench_{secrets.token_hex(4)}"
+    schema = f"{args.schema_prefix}_{secrets.token_hex(4)}"
     work = Path(tempfile.mkdtemp(prefix="tl-bench-", dir=os.environ.get("BENCH_DIR")))
     results: dict[str, Any] = {
         "processes": args.processes, "sessions_per_process": args.sessions,
@@ -786,6 +838,9 @@ def _print(r: dict[str, Any]) -> None:
             lo, hi = o["ratios_min_max"]
             print(f"{kind:9} {o['store_us']:>9.0f} {o['floor_us']:>9.0f} "
                   f"{o['rate_vs_floor']:>14.2f} {lo:>5.2f}..{hi:<5.2f}")
+            if "floor_async_us" in o:
+                print(f"{'':9} the floor's INSERT on an AsyncConnection: "
+                      f"{o['floor_async_us']:.0f} us, store rate {o['rate_vs_floor_async']:.2f}x")
             if "floor_hop_us" in o:
                 print(f"{'':9} the floor write on the store's thread, through its hop: "
                       f"{o['floor_hop_us']:.0f} us, store rate {o['rate_vs_floor_hop']:.2f}x")

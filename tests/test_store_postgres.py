@@ -21,7 +21,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from tcp_proxy import TcpProxy
 from threadline.ai._messages import UserMessage
-from threadline.errors import ConfigError, CorruptLog, InvalidSessionId, StoreError
+from threadline.errors import (
+    ConfigError,
+    CorruptLog,
+    InvalidSessionId,
+    SessionNotFound,
+    StoreError,
+)
 from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store, new_id
 from threadline.session._codec import encode_entry
 from threadline.session._postgres import _VALUES_MAX, MIGRATIONS
@@ -585,3 +591,98 @@ async def test_s43_create_false_on_a_missing_schema_fails_in_one_connection_and_
     assert proxy.made == 2 and store.pool.closed
     await store.close()
     assert _rows(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", pg_schema) == []
+
+
+class _Replies(TcpProxy):
+    """Reads the server's messages on the one connection through it, once ``counting``."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.counting = False
+        self.ready = 0  # ReadyForQuery: one per round trip
+        self.tags: list[str] = []  # CommandComplete tags: one per statement
+        self._buf = b""
+
+    def cut(self, reply: bytes) -> bool:
+        if self.counting:  # started between calls, so at a message boundary
+            self._buf += reply
+            while len(self._buf) >= 5:
+                size = int.from_bytes(self._buf[1:5], "big") + 1
+                if len(self._buf) < size:
+                    break
+                kind, body, self._buf = self._buf[:1], self._buf[5:size], self._buf[size:]
+                if kind == b"Z":
+                    self.ready += 1
+                elif kind == b"C":
+                    self.tags.append(body.rstrip(b"\0").decode())
+        return False
+
+
+async def test_s46_an_append_is_one_statement_in_one_round_trip(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No store listens; the look for a listener (one round trip each 0.25 s)
+    # is put off so the count does not depend on the machine's speed.
+    monkeypatch.setattr("threadline.session._postgres._QUIET", 3600.0)
+    async with _Replies(pg_url) as proxy:
+        store = PostgresStore(proxy.url, schema=pg_schema, min_size=1, max_size=1)
+        try:
+            await store.create_session(SessionRecord(id="s"))
+            parent = None
+            # Past the prepare threshold (its one extra round trip) and the first
+            # append's look for a listener.
+            for n in range(8):
+                entry = _entry(f"warm {n}", parent)
+                await store.append_entries("s", [entry])
+                parent = entry.id
+            proxy.counting = True
+            for sizes in ([1] * 5, [2, 8]):
+                for size in sizes:
+                    batch = []
+                    for n in range(size):
+                        batch.append(_entry(f"{size} {n}", parent))
+                        parent = batch[-1].id
+                    await store.append_entries("s", batch)
+            proxy.counting = False
+            assert proxy.ready == 7
+            assert proxy.tags == ["INSERT 0 1"] * 5 + ["INSERT 0 2", "INSERT 0 8"]
+            assert len(await store.load_entries("s")) == 8 + 5 + 10
+            assert proxy.made == 1
+        finally:
+            await store.close()
+
+
+async def test_s46_a_failed_or_cancelled_append_gives_its_connection_back(
+    pg_url: str, pg_schema: str
+) -> None:
+    # One connection and a short pool timeout: a connection kept by a failed
+    # call would make every later call fail with StoreUnavailable.
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=2)
+    try:
+        await store.create_session(SessionRecord(id="s"))
+        first = _entry("first")
+        await store.append_entries("s", [first])
+        for _ in range(3):
+            with pytest.raises(SessionNotFound):
+                await store.append_entries("missing", [_entry("x")])
+            with pytest.raises(StoreError, match="repeats an entry id"):
+                # The same id with other content: a conflict, not a retry (S25).
+                await store.append_entries("s", [MessageEntry(
+                    id=first.id, message=UserMessage.of("other"))])
+        # Cancelled while its statement is at the server: the statement waits
+        # on the session row another transaction holds.
+        async with await psycopg.AsyncConnection.connect(pg_url) as other:
+            await other.execute(psycopg.sql.SQL(
+                "SELECT 1 FROM {}.sessions WHERE session_id = 's' FOR UPDATE").format(
+                    psycopg.sql.Identifier(pg_schema)))
+            task = asyncio.create_task(store.append_entries("s", [_entry("cut", first.id)]))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await other.rollback()
+        last = _entry("after", first.id)
+        await asyncio.wait_for(store.append_entries("s", [last]), 10)
+        assert [e.id for e in await store.load_entries("s")] == [first.id, last.id]
+    finally:
+        await store.close()

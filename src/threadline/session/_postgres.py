@@ -404,6 +404,9 @@ class PostgresStore:
     def _here(self) -> _LoopPool:
         """This event loop's pool (made on first use from the loop)."""
         loop = asyncio.get_running_loop()
+        here = self._loops.get(loop)  # a loop's entry, once made, never changes
+        if here is not None:
+            return here
         with self._loops_guard:
             here = self._loops.get(loop)
             if here is None:
@@ -537,14 +540,23 @@ class PostgresStore:
         here = self._here()
         if here.down:
             await self._probe(what, session_id, here)
+        pool = here.pool
         with self._errors(what, session_id, here):
-            async with here.pool.connection() as conn:
+            # getconn/putconn rather than pool.connection(): the context
+            # manager adds a commit() call (a no-op in autocommit) and its own
+            # generator frame, ~35 us of CPU per call under load
+            # (docs/benchmarks.md). putconn rolls back or replaces a
+            # connection left in a transaction or broken, as the manager would.
+            conn = await pool.getconn()
+            try:
                 if conn.autocommit:
                     return await fn(conn)
                 # A pool the application passed in may hand out connections
                 # outside autocommit: commit here, or the pool rolls back.
                 async with conn.transaction():
                     return await fn(conn)
+            finally:
+                await pool.putconn(conn)
 
     async def _connect(self, what: str, session_id: str | None, here: _LoopPool) -> Conn:
         """A connection made as the pool makes them, or ``StoreUnavailable`` saying why not.
@@ -558,7 +570,7 @@ class PostgresStore:
         kwargs = {**kwargs, "autocommit": True,
                   "connect_timeout": max(1, round(self._connect_timeout))}
         try:
-            return await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+            return await _Connection.connect(conninfo, **kwargs)
         except psycopg.Error as exc:
             # libpq repeats the reason once per address it tried; the first line says it.
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
@@ -608,40 +620,40 @@ class PostgresStore:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         sid = check_session_id(session_id)
-        datas = [encode_entry(e, session_id=sid) for e in entries]
         if not entries:
             await self.load_session(sid)  # an empty append still requires the session
             return
-        query, params = _append_args(sid, entries, datas)
-        ids = [e.id for e in entries]
+        datas = [encode_entry(e, session_id=sid) for e in entries]
+        name, params = _append_args(sid, entries, datas)
+        query = self._q[name]
 
         async def op(conn: Conn) -> int:
             try:
-                cur = await conn.execute(self._q[query], params)
+                stored = (await _cursor(conn).execute(query, params)).rowcount
             except psycopg.errors.UniqueViolation as exc:
                 raise _Repeated() from exc
-            if cur.rowcount:
+            if stored:
                 await self._notify(conn, sid)
-            return cur.rowcount
+            return stored
 
         try:
             if await self._run("append_entries", sid, op) == 0:
                 raise SessionNotFound(sid, self._where)
         except _Repeated:
-            await self._check_retried(sid, ids, datas)
+            await self._check_retried(sid, [e.id for e in entries], datas)
 
     async def _notify(self, conn: Conn, sid: str) -> None:
         """Wake the watchers of ``sid`` in every process (S26), once the append is committed."""
-        payload = hashlib.md5(sid.encode()).hexdigest()
         if not conn.autocommit:
             # A pool's own transaction: notify inside it (its commit stays synchronous).
-            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, _payload(sid)))
             return
         # With nobody listening, skip the round trip; look again every
         # _QUIET seconds. A watcher that starts meanwhile still gets the entry
         # from its next read, at most watch_interval later.
         if not self._listened and time.monotonic() - self._listened_at < _QUIET:
             return
+        payload = _payload(sid)
         try:
             cur = await conn.execute(self._q["notify"],
                                      (self._channel, payload, self._listener_name))
@@ -783,8 +795,7 @@ class PostgresStore:
             return (decode_compact(rows, sid, self._where + ","),
                     int(rows[-1][0]) if rows else position)
 
-        key = hashlib.md5(sid.encode()).hexdigest()
-        return follow(key, start, read, self._wakeups, self.watch_interval)
+        return follow(_payload(sid), start, read, self._wakeups, self.watch_interval)
 
     async def _listen(self, url: str, here: _LoopPool) -> None:
         """Hold a ``LISTEN`` connection while the store lives; reconnect when it drops.
@@ -887,6 +898,31 @@ class PostgresStore:
         return list(decode_compact(rows[1:], sid, self._where + ","))
 
 
+def _payload(sid: str) -> str:
+    """The NOTIFY payload for session ``sid``: an md5, so any session id fits."""
+    return hashlib.md5(sid.encode()).hexdigest()
+
+
+class _Connection(psycopg.AsyncConnection[Any]):
+    """A connection the store made, keeping the one cursor its appends run on."""
+
+    kept: psycopg.AsyncCursor[Any] | None = None
+
+
+def _cursor(conn: Conn) -> psycopg.AsyncCursor[Any]:
+    """A cursor for one statement whose result is read before the connection goes back.
+
+    The store's own connections keep theirs: ``conn.execute`` makes a new
+    cursor per statement, which cost an append ~35 us of CPU under load
+    (docs/benchmarks.md). A pool passed in may hand out any connection class.
+    """
+    if isinstance(conn, _Connection):
+        if conn.kept is None:
+            conn.kept = conn.cursor()
+        return conn.kept
+    return conn.cursor()
+
+
 def _taking_from(spare: list[Conn]) -> type[Conn]:
     """A connection class for a pool whose next connect takes one from ``spare``, if any.
 
@@ -895,7 +931,7 @@ def _taking_from(spare: list[Conn]) -> type[Conn]:
     a connection), it is the pool's first, and a cold open connects once.
     """
 
-    class Connection(psycopg.AsyncConnection[Any]):
+    class Connection(_Connection):
         @classmethod
         async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             if spare:

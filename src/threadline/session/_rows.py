@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -33,6 +33,7 @@ from threadline.session._codec import decode_entry
 from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
+    CustomEntry,
     CustomMessageEntry,
     Entry,
     MessageEntry,
@@ -59,13 +60,18 @@ KINDS: tuple[tuple[str, bytes, bytes], ...] = (
 )
 
 _HEADS = [b'{"type":' + msgspec.json.encode(t) + b',"id":' for t, _, _ in KINDS]
-# Per type: its kinds, longest start of the rest first.
-_BY_TYPE: dict[str, list[int]] = {}
-for _k, (_t, _, _) in enumerate(KINDS):
+# Per type: (kind, start, end, len(start) + len(end)) for its kinds, longest
+# start and end first (the last has neither); and the same per entry class.
+_Kinds = list[tuple[int, bytes, bytes, int]]
+_BY_TYPE: dict[str, _Kinds] = {}
+for _k, (_t, _start, _end) in enumerate(KINDS):
     if _k:
-        _BY_TYPE.setdefault(_t, []).append(_k)
+        _BY_TYPE.setdefault(_t, []).append((_k, _start, _end, len(_start) + len(_end)))
 for _ks in _BY_TYPE.values():
-    _ks.sort(key=lambda k: -len(KINDS[k][1]) - len(KINDS[k][2]))
+    _ks.sort(key=lambda k: -k[3])
+_BY_CLASS: dict[type[Any], _Kinds] = {
+    cls: _BY_TYPE[str(cls.__struct_config__.tag)]
+    for cls in (MessageEntry, CompactionEntry, BranchSummaryEntry, CustomEntry, CustomMessageEntry)}
 
 _encode = msgspec.json.Encoder().encode
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -93,28 +99,35 @@ def id_text(key: bytes) -> str:
     return key.lstrip(b"\0").decode("utf-8", "surrogatepass")
 
 
-def _header(kind: int, entry_id: str, parent_id: str | None, ts: int) -> bytes:
+def _header(kind: int, entry_id: str, parent_id: str | None, stamp: datetime) -> bytes:
+    """A line's start, up to and with its kind's start of the rest (``stamp``: in UTC)."""
     parent = b"" if parent_id is None else b',"parent_id":' + _encode(parent_id)
     return (_HEADS[kind] + _encode(entry_id) + parent + b',"timestamp":'
-            + _encode(from_micros(ts)) + KINDS[kind][1])
+            + _encode(stamp) + KINDS[kind][1])
 
 
 def compact(entry: Entry, line: bytes) -> Row:
     """The row for ``entry`` whose exact line is ``line``."""
-    key = id_key(entry.id)
-    parent = None if entry.parent_id is None else id_key(entry.parent_id)
-    kinds = None if isinstance(entry, OpaqueEntry) else _BY_TYPE.get(entry_type(entry))
+    # Every append runs this: the rest of the line is checked in place rather
+    # than sliced first, and the kinds are looked up by class first.
+    entry_id, parent_id = entry.id, entry.parent_id
+    key = id_key(entry_id)
+    parent = None if parent_id is None else id_key(parent_id)
+    kinds = _BY_CLASS.get(type(entry))
+    if kinds is None and not isinstance(entry, OpaqueEntry):
+        kinds = _BY_TYPE.get(entry_type(entry))
     stamp: datetime | None = entry.timestamp
     if kinds and stamp is not None:
         ts = to_micros(stamp)
-        base = _header(kinds[-1], entry.id, entry.parent_id, ts)  # the kind with no start
+        # A stamp in UTC is the one from_micros(ts) gives back, and spells the same.
+        base = _header(kinds[-1][0], entry_id, parent_id,  # the kind with no start
+                       stamp if stamp.tzinfo is UTC else from_micros(ts))
         if line.startswith(base):
-            rest = line[len(base):]
-            for kind in kinds:
-                _, start, end = KINDS[kind]
-                if (rest.startswith(start) and rest.endswith(end)
-                        and len(rest) >= len(start) + len(end)):
-                    return kind, key, parent, ts, rest[len(start):len(rest) - len(end)]
+            at, size = len(base), len(line)
+            for kind, start, end, both in kinds:
+                if (size - at >= both and line.startswith(start, at)
+                        and line.endswith(end)):
+                    return kind, key, parent, ts, line[at + len(start):size - len(end)]
     return VERBATIM, key, parent, None, line
 
 
@@ -124,8 +137,8 @@ def expand(kind: int, key: bytes, parent: bytes | None, ts: int | None, data: by
         return data
     if ts is None or not 0 < kind < len(KINDS):
         raise ValueError(f"kind {kind} with timestamp {ts!r} is not a row this version wrote")
-    return (_header(kind, id_text(key), None if parent is None else id_text(parent), ts)
-            + data + KINDS[kind][2])
+    return (_header(kind, id_text(key), None if parent is None else id_text(parent),
+                    from_micros(ts)) + data + KINDS[kind][2])
 
 
 def decode_compact(rows: Iterable[Sequence[Any]], session_id: str, where: str) -> EntryLog:
@@ -244,7 +257,8 @@ def _decode_row(row: Sequence[Any], texts: dict[bytes, str], session_id: str,
             else:
                 parent = bytes(parent)
                 parent_text = texts.get(parent) or id_text(parent)
-            line = _header(kind, text, parent_text, ts) + bytes(data) + KINDS[kind][2]
+            line = (_header(kind, text, parent_text, from_micros(ts)) + bytes(data)
+                    + KINDS[kind][2])
     except (TypeError, ValueError, OverflowError) as exc:
         raise CorruptLog(f"not a stored entry: {exc}", session_id=session_id,
                          path=_row_where(where, session_id, seq)) from exc
