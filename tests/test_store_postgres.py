@@ -618,7 +618,7 @@ class _Replies(TcpProxy):
         return False
 
 
-async def test_s46_an_append_is_one_statement_in_one_round_trip(
+async def test_s45_an_append_is_one_statement_in_one_round_trip(
     pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No store listens; the look for a listener (one round trip each 0.25 s)
@@ -652,7 +652,7 @@ async def test_s46_an_append_is_one_statement_in_one_round_trip(
             await store.close()
 
 
-async def test_s46_a_failed_or_cancelled_append_gives_its_connection_back(
+async def test_s45_a_failed_or_cancelled_append_gives_its_connection_back(
     pg_url: str, pg_schema: str
 ) -> None:
     # One connection and a short pool timeout: a connection kept by a failed
