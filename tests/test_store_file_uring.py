@@ -381,17 +381,22 @@ def test_s44_a_loop_closed_mid_write_does_not_strand_the_session(
     loop.close()  # without running the writer to its end: it never runs again
     monkeypatch.undo()
 
+    async def elsewhere() -> None:  # any append of the store takes the session over
+        await store.create_session(SessionRecord(id="t"))
+        await store.append_entries("t", [_msg("elsewhere")])
+
+    asyncio.run(elsewhere())
+    fd = os.open(tmp_path / "s.jsonl", os.O_RDWR)
+    try:  # the abandoned descriptor is closed: another process can lock the file
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
     async def later() -> list[str]:
         await asyncio.wait_for(store.append_entries("s", [_msg("later")]), 10)
         return _texts(await store.load_entries("s"))
 
     assert asyncio.run(later()) == ["first", "abandoned", "later"]
-    # The abandoned descriptor is closed: another process can lock the file.
-    fd = os.open(tmp_path / "s.jsonl", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    finally:
-        os.close(fd)
 
 
 def test_s44_calls_from_several_loops_are_all_written(tmp_path: Path) -> None:

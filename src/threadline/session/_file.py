@@ -659,6 +659,7 @@ class FileStore:
         (fsync durability, where the kernel allows it), else on a worker thread."""
         if self._unstarted.pop(session_id, None) is None:
             return
+        self._sweep_locked()
         loop = asyncio.get_running_loop()
         ring = ring_for(loop) if self.durability == "fsync" else None
         if ring is None:
@@ -677,6 +678,12 @@ class FileStore:
         if log is not None:
             self._logs[session_id] = log
         self._pool().submit(self._drain, session_id)
+
+    def _sweep_locked(self) -> None:
+        """Take over every session whose io_uring writer's event loop has closed."""
+        for session_id, rung in list(self._rung.items()):
+            if rung.loop.is_closed():
+                self._abandon_locked(session_id, rung)
 
     def _abandon_locked(self, session_id: str, rung: _Rung) -> None:
         """Take over a session whose io_uring writer's event loop closed mid-write.
@@ -725,6 +732,7 @@ class FileStore:
         if writing:  # io_uring writers of this loop; other loops' finish on their own
             await asyncio.wait(writing)
         with self._lock:
+            self._sweep_locked()
             executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.to_thread(executor.shutdown)

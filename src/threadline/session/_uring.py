@@ -64,7 +64,8 @@ if not sys.platform.startswith("linux"):
 
 
 def _call(number: int, *args: int | None) -> int:
-    result: int = _shared.syscall(ctypes.c_long(number), *(ctypes.c_long(a or 0) for a in args))
+    # Unused argument registers are ignored by the kernel: always pass six.
+    result: int = _shared.syscall(number, *(a or 0 for a in args), *(0,) * (6 - len(args)))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"io_uring system call {number}: {os.strerror(err)}")
@@ -79,8 +80,10 @@ class Ring:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         if _shared.syscall is None:
-            _shared.syscall = ctypes.CDLL(None, use_errno=True).syscall
-            _shared.syscall.restype = ctypes.c_long
+            syscall = ctypes.CDLL(None, use_errno=True).syscall
+            syscall.restype = ctypes.c_long
+            syscall.argtypes = [ctypes.c_long] * 7
+            _shared.syscall = syscall
         params = ctypes.create_string_buffer(_PARAMS.size)
         self.fd = _call(_SYS_SETUP, _ENTRIES, ctypes.addressof(params))
         self._maps: list[mmap.mmap] = []
