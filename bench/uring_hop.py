@@ -1,36 +1,32 @@
-"""What an fsync'd append could cost without a worker thread: io_uring against the thread hop.
+"""What an fsync'd append costs with and without a worker thread: io_uring against the thread hop.
 
-    bench/.venv/bin/pip install -r bench/requirements-peers.txt   # brings liburing
-    bench/.venv/bin/python bench/uring_hop.py [--samples 300] [--runs 3]
+    .venv/bin/python bench/uring_hop.py [--samples 300] [--runs 3]
 
 Prints a table and writes bench/results/uring_hop.json.
 
-The file store keeps every fsync off the event loop by handing the write and
-fdatasync to a worker thread and waking the loop when they return. On this
-kind of machine that hop costs about half an fdatasync (see the store section
-of docs/benchmarks.md). io_uring is the one way on Linux to get the same
-guarantee without a Python thread: the loop submits a linked write + fdatasync
-to the kernel, and the kernel signals an eventfd the loop already watches.
-
-Each run interleaves, sample by sample, on copies of one file:
+The file store keeps every fsync off the event loop. Through a worker thread
+that costs a Python thread waking, taking the GIL and waking the loop back.
+Where the kernel allows it, the store instead writes the lines on the loop,
+submits the fdatasync to io_uring and awaits the ring's eventfd
+(``threadline/session/_uring.py``). Each run interleaves, sample by sample,
+on files of one disk:
 
 - floor: ``os.write`` + ``os.fdatasync`` on the calling thread (blocks the loop);
 - thread: the same two calls handed to a worker thread and awaited, the least
-  the store's path can cost;
-- io_uring: one linked write + fdatasync submitted from the loop, awaited on
-  the ring's eventfd (the ``liburing`` binding);
-- FileStore: ``append_entries`` of one entry of the same size, fsync durability.
+  a threaded path can cost;
+- io_uring: ``os.write`` on the loop, then the fdatasync submitted to the
+  store's own ring and awaited on its eventfd;
+- FileStore (io_uring) and FileStore (thread): ``append_entries`` of one
+  entry of the same size with fsync durability, through each path.
 
 Every figure is the median over the samples, divided by the floor's median of
-the same run. The binding is measured here only; threadline does not depend on
-it (it ships x86-64 Linux wheels only and no source distribution).
+the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -43,107 +39,89 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import liburing  # type: ignore[import-not-found]
-
 from threadline.ai._messages import UserMessage
-from threadline.session import FileStore, MessageEntry, SessionRecord, new_id
+from threadline.session import FileStore, MessageEntry, SessionRecord, _file, _uring, new_id
 
 RESULTS = Path(__file__).parent / "results" / "uring_hop.json"
 _LINE = b'{"x":"' + b"a" * 580 + b'"}\n'
-
-
-class _Ring:
-    """One io_uring whose completions wake the running event loop through an eventfd."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._ring = liburing.Ring()
-        liburing.io_uring_queue_init(64, self._ring)
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        liburing.io_uring_register_eventfd(self._ring, self._efd)
-        self._cqe = liburing.Cqe()
-        self._pending: dict[int, asyncio.Future[int]] = {}
-        self._next = 0
-        loop.add_reader(self._efd, self._reap)
-
-    def _reap(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._efd)
-        while ready := liburing.io_uring_cq_ready(self._ring):
-            liburing.io_uring_peek_cqe(self._ring, self._cqe)
-            for i in range(ready):
-                cqe = self._cqe[i]
-                fut = self._pending.pop(cqe.user_data, None)
-                if fut is not None and not fut.done():
-                    if cqe.res < 0:
-                        fut.set_exception(OSError(-cqe.res, os.strerror(-cqe.res)))
-                    else:
-                        fut.set_result(cqe.res)
-            liburing.io_uring_cq_advance(self._ring, ready)
-
-    async def write_and_sync(self, fd: int, data: bytes) -> None:
-        write = liburing.io_uring_get_sqe(self._ring)
-        # -1 as the offset: write at the file position (O_APPEND), like os.write.
-        liburing.io_uring_prep_write(write, fd, data, 2**64 - 1)
-        # The write reports only on failure; a failed write also cancels the linked
-        # sync, so the awaited sync fails with it.
-        flags = liburing.IOSQE_IO_LINK | liburing.IOSQE_CQE_SKIP_SUCCESS
-        liburing.io_uring_sqe_set_flags(write, flags)
-        sync = liburing.io_uring_get_sqe(self._ring)
-        liburing.io_uring_prep_fsync(sync, fd, liburing.IORING_FSYNC_DATASYNC)
-        self._next += 1
-        liburing.io_uring_sqe_set_data64(sync, self._next)
-        fut = self._loop.create_future()
-        self._pending[self._next] = fut
-        liburing.io_uring_submit(self._ring)
-        await fut
-
-    def close(self) -> None:
-        self._loop.remove_reader(self._efd)
-        liburing.io_uring_queue_exit(self._ring)
-        os.close(self._efd)
 
 
 def _open(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-async def _one_run(root: Path, samples: int) -> dict[str, float]:
-    loop = asyncio.get_running_loop()
-    store = FileStore(root / "store", durability="fsync")
-    sid = new_id()
-    await store.create_session(SessionRecord(id=sid))
-    text = "a" * (len(_LINE) - 200)
-    parent: str | None = None
+class _Variants:
+    """The five ways of making one line durable, each on its own file or session."""
 
-    fds = {name: _open(root / f"{name}.jsonl") for name in ("floor", "thread", "uring")}
-    ring = _Ring(loop)
-    pool = ThreadPoolExecutor(max_workers=1)
+    def __init__(self, root: Path, ring: _uring.Ring) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.ring = ring
+        self.fds = {name: _open(root / f"{name}.jsonl") for name in ("floor", "thread", "uring")}
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.text = "a" * (len(_LINE) - 200)
+        self.stores: dict[str, tuple[FileStore, str, list[str | None]]] = {}
+        self.root = root
 
-    def floor(fd: int = fds["floor"]) -> None:
+    async def open_stores(self) -> None:
+        for name in ("store", "store_thread"):
+            store = FileStore(self.root / name, durability="fsync")
+            sid = new_id()
+            await store.create_session(SessionRecord(id=sid))
+            self.stores[name] = (store, sid, [None])
+
+    def floor_on(self, fd: int) -> None:
         os.write(fd, _LINE)
         os.fdatasync(fd)
 
-    async def thread() -> None:
-        await loop.run_in_executor(pool, floor, fds["thread"])
+    async def floor(self) -> None:
+        self.floor_on(self.fds["floor"])
 
-    async def uring() -> None:
-        await ring.write_and_sync(fds["uring"], _LINE)
+    async def thread(self) -> None:
+        await self.loop.run_in_executor(self.pool, self.floor_on, self.fds["thread"])
 
-    async def file_store() -> None:
-        nonlocal parent
-        entry = MessageEntry(id=new_id(), parent_id=parent, message=UserMessage.of(text))
-        await store.append_entries(sid, [entry])
-        parent = entry.id
+    async def uring(self) -> None:
+        os.write(self.fds["uring"], _LINE)
+        synced = await self.ring.fdatasync(self.fds["uring"])
+        if synced != 0:
+            raise SystemExit(f"io_uring fdatasync failed: {os.strerror(-synced)}")
 
-    async def blocking() -> None:
-        floor()
+    async def _append(self, name: str) -> None:
+        store, sid, parent = self.stores[name]
+        entry = MessageEntry(id=new_id(), parent_id=parent[0], message=UserMessage.of(self.text))
+        if name == "store_thread":  # this store's appends take the worker thread
+            _file.ring_for = lambda _loop: None  # type: ignore[assignment]
+        try:
+            await store.append_entries(sid, [entry])
+        finally:
+            _file.ring_for = _uring.ring_for
+        parent[0] = entry.id
 
+    async def store(self) -> None:
+        await self._append("store")
+
+    async def store_thread(self) -> None:
+        await self._append("store_thread")
+
+    async def close(self) -> None:
+        sizes = {name: os.fstat(fd).st_size for name, fd in self.fds.items()}
+        self.pool.shutdown()
+        for fd in self.fds.values():
+            os.close(fd)
+        for store, _, _ in self.stores.values():
+            await store.close()
+        if len(set(sizes.values())) != 1:
+            raise SystemExit(f"the variants wrote different amounts: {sizes}")
+
+
+async def _one_run(root: Path, samples: int) -> dict[str, float]:
+    ring = _uring.ring_for(asyncio.get_running_loop())
+    if ring is None:
+        raise SystemExit(f"no io_uring here: {_uring._shared.unusable}")
+    v = _Variants(root, ring)
+    await v.open_stores()
     variants: dict[str, Callable[[], Awaitable[None]]] = {
-        "floor": blocking,
-        "thread": thread,
-        "uring": uring,
-        "store": file_store,
+        "floor": v.floor, "thread": v.thread, "uring": v.uring,
+        "store": v.store, "store_thread": v.store_thread,
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     try:
@@ -156,14 +134,8 @@ async def _one_run(root: Path, samples: int) -> dict[str, float]:
                 await fn()
                 times[name].append(time.perf_counter() - start)
                 await asyncio.sleep(0)
-        sizes = {name: os.fstat(fd).st_size for name, fd in fds.items()}
-        if len(set(sizes.values())) != 1:
-            raise SystemExit(f"the variants wrote different amounts: {sizes}")
     finally:
-        ring.close()
-        pool.shutdown()
-        for fd in fds.values():
-            os.close(fd)
+        await v.close()
     return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
@@ -175,7 +147,8 @@ def main() -> None:
     args = parser.parse_args()
 
     runs: list[dict[str, Any]] = []
-    print(f"{'run':>3} {'floor ms':>9} {'thread':>7} {'io_uring':>9} {'FileStore':>10}   (÷ floor)")
+    print(f"{'run':>3} {'floor ms':>9} {'thread':>7} {'io_uring':>9} "
+          f"{'store (io_uring)':>17} {'store (thread)':>15}   (÷ floor)")
     for n in range(args.runs):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             p50 = asyncio.run(_one_run(Path(tmp), args.samples))
@@ -183,7 +156,7 @@ def main() -> None:
         runs.append({"p50_ms": p50, "ratio": ratios})
         print(
             f"{n + 1:>3} {p50['floor']:9.3f} {ratios['thread']:7.2f} {ratios['uring']:9.2f} "
-            f"{ratios['store']:10.2f}"
+            f"{ratios['store']:17.2f} {ratios['store_thread']:15.2f}"
         )
 
     machine = {

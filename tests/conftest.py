@@ -96,3 +96,14 @@ def shared_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSp
     from store_kinds import make_spec
 
     return make_spec(request.param, tmp_path, request)
+
+
+@pytest.fixture
+def threaded_appends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """File-store appends on the worker thread, as where io_uring is missing (S44).
+
+    For tests that fail or slow ``os.write`` / ``os.fdatasync``: through
+    io_uring the kernel makes those calls, and tests/test_store_file_uring.py
+    fails them there.
+    """
+    monkeypatch.setenv("THREADLINE_IO_URING", "0")

@@ -110,7 +110,7 @@ def _kill_loop(root: Path, session_id: str, rounds: int, seed: int,
                at_least: int = 0) -> int:
     """Kill ``rounds`` children, and more (up to 5 times as many) until ``at_least``
     entries were acknowledged: on a loaded machine a child may spend its
-    whole life starting up."""
+    whole life starting up, so those extra children live up to 5 times longer."""
     rnd = random.Random(seed)
     store = FileStore(root)
     acknowledged: set[str] = set()
@@ -118,7 +118,7 @@ def _kill_loop(root: Path, session_id: str, rounds: int, seed: int,
     while (n := n + 1) < rounds or (len(acknowledged) < at_least and n < 5 * rounds):
         pid, read_fd = _fork_writer(root, session_id, seed * 1000 + n)
         # Kills land during start-up, mid-append and between appends.
-        time.sleep(rnd.uniform(0, 0.03))
+        time.sleep(rnd.uniform(0, 0.03 if n < rounds else 0.15))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status), f"round {n}: the child exited on its own ({status})"

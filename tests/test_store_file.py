@@ -150,7 +150,7 @@ async def test_s8_session_init_id_is_checked_on_every_open(tmp_path: Path) -> No
 
 
 async def test_fsync_failure_poisons_the_handle(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -180,7 +180,7 @@ async def test_fsync_failure_poisons_the_handle(
 
 
 async def test_flush_durability_skips_fdatasync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path, durability="flush")
     await store.create_session(SessionRecord(id="s"))
@@ -196,7 +196,7 @@ async def test_flush_durability_skips_fdatasync(
 
 
 async def test_short_writes_are_continued(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -217,7 +217,7 @@ async def test_short_writes_are_continued(
 
 
 async def test_failed_write_is_undone_and_does_not_poison(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -361,7 +361,7 @@ async def test_s4_other_writers_between_appends_of_an_open_file(tmp_path: Path) 
 
 
 async def test_open_files_are_bounded_and_released_by_close(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(file_module, "_MAX_OPEN_FILES", 3)
     store = FileStore(tmp_path)
@@ -410,7 +410,7 @@ async def _first_then_rest(first: Awaitable[None], rest: list[Awaitable[None]],
 
 
 async def test_s8_group_commit_keeps_each_call_whole_in_order_and_synced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     record = SessionRecord(id="s")
@@ -439,7 +439,7 @@ async def test_s8_group_commit_keeps_each_call_whole_in_order_and_synced(
 
 @pytest.mark.parametrize("failure", ["write", "fdatasync"])
 async def test_s8_group_commit_failure_reaches_every_call_in_the_group(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -478,7 +478,7 @@ async def test_s8_group_commit_failure_reaches_every_call_in_the_group(
 
 
 async def test_s8_a_cancelled_call_does_not_disturb_the_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -495,7 +495,7 @@ async def test_s8_a_cancelled_call_does_not_disturb_the_others(
 
 
 async def test_s34_tasks_appending_in_a_loop_share_each_fdatasync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -528,7 +528,7 @@ async def test_s34_tasks_appending_in_a_loop_share_each_fdatasync(
 
 
 def test_s34_a_group_wakes_its_callers_on_every_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     asyncio.run(store.create_session(SessionRecord(id="s")))

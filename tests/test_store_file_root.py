@@ -168,7 +168,7 @@ async def test_s17_header_reads_are_bounded(tmp_path: Path) -> None:
 
 
 async def test_s17_failed_torn_tail_repair_leaves_no_torn_file_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))

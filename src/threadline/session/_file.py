@@ -155,6 +155,7 @@ from threadline.session._storekit import (
     page_sorted,
     sort_key,
 )
+from threadline.session._uring import Ring, ring_for
 from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["FileStore", "session_file_name"]
@@ -170,6 +171,12 @@ _DEVICE_NAMES = frozenset(
 )
 _INLINE_MAX_ENTRIES = 8
 _MAX_OPEN_FILES = 64  # per store
+# Lines of other writers an append through io_uring reads on the event loop;
+# more, and a worker reads them (a new session's file is far smaller).
+_CATCH_UP_ON_LOOP = 1 << 16
+# Bytes an append through io_uring writes from the event loop (about 0.1 ms
+# of copying into the page cache); a bigger one is a worker's.
+_WRITE_ON_LOOP = 1 << 19
 # Loads whose ids are kept for a following append (a list: 8 bytes per entry, and
 # the id strings, about 85 bytes, once the entries are gone):
 # enough for "open a session, then append to it", little for a reader of many.
@@ -466,10 +473,25 @@ class _Batch:
 
 
 class _WouldBlock(Exception):
-    """Another process holds the session's lock; ``log`` is still open."""
+    """The write needs a worker thread: another process holds the session's lock,
+    or (on the event loop) the file needs work that could block. ``log``, if
+    any, is still open, and not locked."""
 
-    def __init__(self, log: _OpenLog) -> None:
+    def __init__(self, log: _OpenLog | None) -> None:
         self.log = log
+
+
+class _Rung:
+    """A session whose appends an event loop writes through io_uring."""
+
+    __slots__ = ("abandoned", "log", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.log: _OpenLog | None = None
+        """The file a write is in flight to: locked until the kernel is done."""
+        self.abandoned = False
+        """Taken over by a worker (the loop closed): the session is no longer this one's."""
 
 
 class _Waiter(_Batch):
@@ -484,17 +506,22 @@ class _Waiter(_Batch):
         self.future: asyncio.Future[None] = loop.create_future()
 
 
-def _wake(group: Sequence[_Waiter], error: BaseException | None) -> None:
+def _wake(group: Sequence[_Waiter], error: BaseException | None,
+          here: asyncio.AbstractEventLoop | None = None) -> None:
     """Settle a written group's calls, from any thread: one wake-up per event loop.
 
     One ``call_soon_threadsafe`` per call woke the loop once per call, and
     the loop often resumed the first callers before the rest were settled,
     so their next appends came in two or more groups (bench/store.py).
+    Calls of ``here``, the running loop, are settled at once.
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
     for waiter in group:
         by_loop.setdefault(waiter.loop, []).append(waiter)
     for loop, waiters in by_loop.items():
+        if loop is here:
+            _settle(waiters, error)
+            continue
         # RuntimeError: the callers' event loop is closed, no one is waiting.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, waiters, error)
@@ -545,6 +572,9 @@ class FileStore:
         self._queues: dict[str, list[_Waiter]] = {}
         # Busy sessions whose worker an event loop is yet to start -> that loop.
         self._unstarted: dict[str, asyncio.AbstractEventLoop] = {}
+        # Busy sessions an event loop writes through io_uring (fsync only).
+        self._rung: dict[str, _Rung] = {}
+        self._ring_tasks: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._catalog: _Catalog | None = None
         # Entry ids of sessions loaded but not open for appending (see _KnownIds).
@@ -615,6 +645,9 @@ class FileStore:
                     # That loop closed before it ran the start: start it here,
                     # or this session's appends would wait for ever.
                     self._start_drain_locked(session_id)
+                rung = self._rung.get(session_id)
+                if rung is not None and rung.loop.is_closed():
+                    self._abandon_locked(session_id, rung)
         await waiter.future
 
     def _start_drain(self, session_id: str) -> None:
@@ -622,8 +655,49 @@ class FileStore:
             self._start_drain_locked(session_id)
 
     def _start_drain_locked(self, session_id: str) -> None:
-        if self._unstarted.pop(session_id, None) is not None:
+        """Start writing a busy session's queue: through io_uring on the running loop
+        (fsync durability, where the kernel allows it), else on a worker thread."""
+        if self._unstarted.pop(session_id, None) is None:
+            return
+        self._sweep_locked()
+        loop = asyncio.get_running_loop()
+        ring = ring_for(loop) if self.durability == "fsync" else None
+        if ring is None:
             self._pool().submit(self._drain, session_id)
+            return
+        rung = self._rung[session_id] = _Rung(loop)
+        task = loop.create_task(self._drain_ring(session_id, ring, rung))
+        self._ring_tasks.add(task)
+        task.add_done_callback(self._ring_tasks.discard)
+
+    def _to_worker_locked(self, session_id: str, log: _OpenLog | None,
+                          group: list[_Waiter]) -> None:
+        """Hand a ring-written session to a worker thread, ``group`` first in its queue."""
+        del self._rung[session_id]
+        self._queues[session_id][:0] = group
+        if log is not None:
+            self._logs[session_id] = log
+        self._pool().submit(self._drain, session_id)
+
+    def _sweep_locked(self) -> None:
+        """Take over every session whose io_uring writer's event loop has closed."""
+        for session_id, rung in list(self._rung.items()):
+            if rung.loop.is_closed():
+                self._abandon_locked(session_id, rung)
+
+    def _abandon_locked(self, session_id: str, rung: _Rung) -> None:
+        """Take over a session whose io_uring writer's event loop closed mid-write.
+
+        Nothing will run on that loop again, so nobody else would unlock the
+        file or write what queued behind it. Closing the descriptor is safe
+        with a write in flight: the kernel holds the file, and its lock,
+        until the write is done, so the worker's next write waits for it.
+        """
+        rung.abandoned = True
+        if rung.log is not None:
+            with contextlib.suppress(OSError):
+                os.close(rung.log.fd)
+        self._to_worker_locked(session_id, None, [])
 
     # -- beyond the contract --------------------------------------------------
 
@@ -653,7 +727,12 @@ class FileStore:
 
         The store stays usable: later calls reopen what they need.
         """
+        loop = asyncio.get_running_loop()
+        writing = [t for t in self._ring_tasks if t.get_loop() is loop]
+        if writing:  # io_uring writers of this loop; other loops' finish on their own
+            await asyncio.wait(writing)
         with self._lock:
+            self._sweep_locked()
             executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.to_thread(executor.shutdown)
@@ -779,6 +858,106 @@ class FileStore:
             # this thread to let go of the GIL.
             _wake(done, error)
 
+    async def _drain_ring(self, session_id: str, ring: Ring, rung: _Rung) -> None:
+        """The event loop's ``_drain``: each group written and synced through io_uring."""
+        loop = rung.loop
+        with self._lock:
+            group, log = self._next_group(session_id, None)
+        while group:
+            error: BaseException | None = None
+            if any(waiter.loop is not loop for waiter in group):
+                # Calls from other event loops go to a worker, which does not
+                # end when this loop does.
+                with self._lock:
+                    self._to_worker_locked(session_id, log, group)
+                return
+            try:
+                log = await self._write_ring(session_id, log, group, ring, rung)
+            except _WouldBlock as busy:
+                with self._lock:
+                    self._to_worker_locked(session_id, busy.log, group)
+                return
+            except (asyncio.CancelledError, GeneratorExit):
+                # The loop is shutting down (cancelled), or closed and this
+                # coroutine is being collected. The kernel may still store the
+                # group: its callers learn that the outcome is unknown.
+                with self._lock:
+                    if rung.abandoned:  # a worker took the session over already
+                        raise
+                    self._to_worker_locked(session_id, None, [])
+                _wake(group, StoreError(
+                    f"append to session {session_id!r} in {self.root} was interrupted "
+                    f"by the event loop shutting down; it may or may not be stored, "
+                    f"and a retry of the same entries is safe", session_id=session_id),
+                    None if loop.is_closed() else loop)
+                raise
+            except Exception as exc:
+                error, log = exc, None
+            with self._lock:
+                done, (group, log) = group, self._next_group(session_id, log)
+                if not group:
+                    del self._rung[session_id]
+            _wake(done, error, loop)
+
+    async def _write_ring(self, session_id: str, log: _OpenLog | None,
+                          batches: Sequence[_Batch], ring: Ring, rung: _Rung) -> _OpenLog:
+        """``_write`` on the event loop, its fdatasync through io_uring.
+
+        Only the plain case runs here: a file not locked by another process,
+        with at most ``_CATCH_UP_ON_LOOP`` bytes of lines this store has not
+        read, no torn tail to set aside, and at most ``_WRITE_ON_LOOP``
+        bytes to write. Anything else raises
+        ``_WouldBlock`` for a worker thread, which may read, wait or fsync as
+        long as it needs.
+        """
+        try:
+            log, size = self._lock_log(session_id, log, block=False)
+        except OSError as exc:
+            raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                             f"{exc}", session_id=session_id) from exc
+        try:
+            if (size - log.known.size > _CATCH_UP_ON_LOOP
+                    or sum(len(line) for b in batches for line in b.lines) > _WRITE_ON_LOOP
+                    or os.pread(log.fd, 1, size - 1) != b"\n"):
+                fcntl.flock(log.fd, fcntl.LOCK_UN)
+                raise _WouldBlock(log)
+            data = self._admit(log, size, batches, session_id)
+            if data:
+                # The write goes to the page cache: as quick as a hop, and it
+                # does not wait for the disk (the flush durability's inline
+                # appends do the same). Only the fdatasync does.
+                try:
+                    _write_all(log.fd, data)
+                except OSError as exc:
+                    self._undo_write(log.fd, size, log.path, session_id, exc)
+                rung.log = log
+                try:
+                    synced = await ring.fdatasync(log.fd)
+                finally:
+                    with self._lock:
+                        rung.log = None
+                        if rung.abandoned:  # its taker closed the file
+                            log = None
+                if log is None:
+                    raise StoreError(f"append to session {session_id!r} in {self.root} was "
+                                     f"taken over after its event loop closed",
+                                     session_id=session_id)
+                if synced < 0:
+                    raise self._poison(session_id, f"fdatasync of {log.path} failed",
+                                       OSError(-synced, os.strerror(-synced)))
+                log.known.size = size + len(data)
+            fcntl.flock(log.fd, fcntl.LOCK_UN)
+            return log
+        except _WouldBlock:
+            raise
+        except BaseException as exc:
+            if log is not None:
+                os.close(log.fd)  # also releases the lock (once an in-flight write is done)
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                                 f"{exc}", session_id=session_id) from exc
+            raise
+
     def _next_group(
         self, session_id: str, log: _OpenLog | None, *, inline: bool = False
     ) -> tuple[list[_Waiter], _OpenLog | None]:
@@ -869,6 +1048,34 @@ class FileStore:
         ``_WouldBlock`` (the file still open) if another process holds the lock.
         """
         try:
+            log, size = self._lock_log(session_id, log, block=block)
+        except OSError as exc:
+            raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                             f"{exc}", session_id=session_id) from exc
+        try:
+            if callable(batches):
+                batches = batches(log, size)
+            data = self._admit(log, size, batches, session_id)
+            if data:
+                end = self._append_locked(log.fd, size, data, log.path, session_id)
+                log.known.size = end
+            fcntl.flock(log.fd, fcntl.LOCK_UN)
+            return log
+        except BaseException as exc:
+            os.close(log.fd)  # also releases the lock
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                                 f"{exc}", session_id=session_id) from exc
+            raise
+
+    def _lock_log(self, session_id: str, log: _OpenLog | None, *,
+                  block: bool) -> tuple[_OpenLog, int]:
+        """The session's file, open and locked, and its size.
+
+        On failure the file is closed, given or opened here, except on
+        ``_WouldBlock``: then it stays open, unlocked.
+        """
+        try:
             self._check_writable(session_id)
             path = self.path_for(session_id) if log is None else log.path
             while True:
@@ -880,28 +1087,17 @@ class FileStore:
                     raise _WouldBlock(log) from None
                 size = log.size_if_current()
                 if size >= 0:
-                    break
+                    return log, size
                 # Deleted or replaced since we opened it: use what is at the
                 # path now (checking its first line), if anything. Holding the
                 # old file open kept its inode number from being reused.
                 os.close(log.fd)
                 log = None
-            if callable(batches):
-                batches = batches(log, size)
-            data = self._admit(log, size, batches, session_id)
-            if data:
-                end = self._append_locked(log.fd, size, data, path, session_id)
-                log.known.size = end
-            fcntl.flock(log.fd, fcntl.LOCK_UN)
-            return log
         except _WouldBlock:
             raise
-        except BaseException as exc:
+        except BaseException:
             if log is not None:
-                os.close(log.fd)  # also releases the lock
-            if isinstance(exc, OSError):
-                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
-                                 f"{exc}", session_id=session_id) from exc
+                os.close(log.fd)
             raise
 
     def _admit(self, log: _OpenLog, size: int, batches: Sequence[_Batch],
@@ -975,22 +1171,26 @@ class FileStore:
         try:
             _write_all(fd, data)
         except OSError as exc:
-            # Keep the append all-or-nothing: cut off what did get written.
-            try:
-                os.ftruncate(fd, size)
-            except OSError as exc2:
-                raise self._poison(
-                    session_id, f"append to {path} failed ({exc}) and could not be undone",
-                    exc2,
-                ) from exc
-            raise StoreError(f"append to {path} failed: {exc}",
-                             session_id=session_id) from exc
+            self._undo_write(fd, size, path, session_id, exc)
         if self.durability == "fsync":
             try:
                 _fdatasync(fd)
             except OSError as exc:
                 raise self._poison(session_id, f"fdatasync of {path} failed", exc) from exc
         return size + len(data)
+
+    def _undo_write(self, fd: int, size: int, path: Path, session_id: str,
+                    exc: OSError) -> None:
+        """Keep a failed append all-or-nothing: cut off what did get written, and raise."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc2:
+            raise self._poison(
+                session_id, f"append to {path} failed ({exc}) and could not be undone",
+                exc2,
+            ) from exc
+        raise StoreError(f"append to {path} failed: {exc}",
+                         session_id=session_id) from exc
 
     def _repair_tail(self, fd: int, size: int, path: Path, session_id: str) -> int:
         """Make the file end at a newline; return its size."""
@@ -1450,6 +1650,8 @@ def _forget_parent_state() -> None:
         _close_all(store._logs)
         store._queues.clear()
         store._unstarted.clear()
+        store._rung.clear()
+        store._ring_tasks.clear()
         store._executor = None
 
 

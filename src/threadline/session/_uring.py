@@ -1,0 +1,207 @@
+"""io_uring for the file store's fsync'd appends: the fdatasync without a Python thread.
+
+A ``FileStore`` keeps every fdatasync off the event loop. Through a worker
+thread that costs a Python thread waking, taking the GIL and waking the loop
+back (bench/uring_hop.py). Here the loop writes the lines itself (to the page
+cache: microseconds) and hands the fdatasync to the kernel, which reports it
+through an eventfd the loop watches, so no Python thread runs at all.
+
+The ring is driven through the three system calls and its shared memory,
+with ``ctypes`` and ``mmap``: the one Python binding (``liburing``) ships
+x86-64 wheels only, built for CPUs with AVX-512, and dies of SIGILL on the
+others. Only the one operation the store needs is here.
+
+Used where it works: Linux 5.5 or later, where the process may set up a ring
+(seccomp profiles often refuse it). ``THREADLINE_IO_URING=0`` turns it off.
+Everywhere else the store keeps its worker thread; both paths write the same
+bytes under the same lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import struct
+import sys
+import threading
+from typing import Any
+
+__all__ = ["Ring", "ring_for"]
+
+_ENTRIES = 64  # submission slots; each is free again once submitted
+
+# From <linux/io_uring.h>. The numbers are the same on every architecture.
+_SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427
+_OP_FSYNC = 3
+_FSYNC_DATASYNC = 1
+_REGISTER_EVENTFD = 4
+_FEAT_SINGLE_MMAP, _FEAT_NODROP = 1 << 0, 1 << 1
+_OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
+# struct io_uring_params: ten u32, then the SQ and CQ offsets (seven and
+# eight u32 each, then a u64 of user_addr); 120 bytes.
+_PARAMS = struct.Struct("<10I 8I Q 8I Q")
+_SQE = struct.Struct("<BBHiQQIIQHHiQQ")  # 64 bytes
+_CQE = struct.Struct("<QiI")  # 16 bytes
+_U32 = struct.Struct("<I")
+
+
+class _Shared:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rings: dict[asyncio.AbstractEventLoop, Ring] = {}
+        self.unusable: str | None = None
+        """Why no ring can be set up in this process, once that is known."""
+        self.syscall: Any = None
+
+
+_shared = _Shared()
+if not sys.platform.startswith("linux"):
+    _shared.unusable = "io_uring is Linux only"
+
+
+def _call(number: int, *args: int | None) -> int:
+    # Unused argument registers are ignored by the kernel: always pass six.
+    result: int = _shared.syscall(number, *(a or 0 for a in args), *(0,) * (6 - len(args)))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"io_uring system call {number}: {os.strerror(err)}")
+    return result
+
+
+class Ring:
+    """One io_uring whose completions settle futures on the loop that made it.
+
+    Only that loop's thread submits to it and reaps it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if _shared.syscall is None:
+            syscall = ctypes.CDLL(None, use_errno=True).syscall
+            syscall.restype = ctypes.c_long
+            syscall.argtypes = [ctypes.c_long] * 7
+            _shared.syscall = syscall
+        params = ctypes.create_string_buffer(_PARAMS.size)
+        self.fd = _call(_SYS_SETUP, _ENTRIES, ctypes.addressof(params))
+        self._maps: list[mmap.mmap] = []
+        self._efd = -1
+        try:
+            self._map(_PARAMS.unpack(params.raw))
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            arg = ctypes.c_int32(self._efd)
+            _call(_SYS_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.addressof(arg), 1)
+        except BaseException:
+            self._release()
+            raise
+        self._loop = loop
+        self._pending: dict[int, asyncio.Future[int]] = {}  # by user_data
+        self._next = 0
+        self.closed = False
+        loop.add_reader(self._efd, self._reap)
+
+    def _map(self, p: tuple[int, ...]) -> None:
+        sq_entries, cq_entries, features = p[0], p[1], p[5]
+        sq_off, cq_off = p[10:19], p[19:28]
+        if ~features & (_FEAT_SINGLE_MMAP | _FEAT_NODROP):
+            raise OSError(errno.ENOSYS, "io_uring of this kernel is older than Linux 5.5")
+        sq_size = sq_off[6] + sq_entries * 4
+        cq_size = cq_off[5] + cq_entries * _CQE.size
+        rings = mmap.mmap(self.fd, max(sq_size, cq_size), mmap.MAP_SHARED,
+                          mmap.PROT_READ | mmap.PROT_WRITE, offset=_OFF_SQ_RING)
+        self._maps.append(rings)
+        self._sqes = mmap.mmap(self.fd, sq_entries * _SQE.size, mmap.MAP_SHARED,
+                               mmap.PROT_READ | mmap.PROT_WRITE, offset=_OFF_SQES)
+        self._maps.append(self._sqes)
+        self._rings = rings
+        self._sq_tail, self._sq_array = sq_off[1], sq_off[6]
+        self._sq_mask = _U32.unpack_from(rings, sq_off[2])[0]
+        self._cq_head, self._cq_tail = cq_off[0], cq_off[1]
+        self._cq_mask = _U32.unpack_from(rings, cq_off[2])[0]
+        self._cqes = cq_off[5]
+
+    def fdatasync(self, fd: int) -> asyncio.Future[int]:
+        """Submit an fdatasync of ``fd``; the future gets 0 or ``-errno``."""
+        self._next += 1
+        key = self._next
+        tail = _U32.unpack_from(self._rings, self._sq_tail)[0]
+        slot = tail & self._sq_mask
+        _SQE.pack_into(self._sqes, slot * _SQE.size,
+                       _OP_FSYNC, 0, 0, fd, 0, 0, 0, _FSYNC_DATASYNC, key, 0, 0, 0, 0, 0)
+        _U32.pack_into(self._rings, self._sq_array + slot * 4, slot)
+        # The kernel reads the tail inside io_uring_enter, after these stores.
+        _U32.pack_into(self._rings, self._sq_tail, (tail + 1) & 0xFFFFFFFF)
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._pending[key] = future
+        if _call(_SYS_ENTER, self.fd, 1, 0, 0, None, 0) != 1:
+            # Cannot happen with a ring of our own, submitted at once.
+            raise OSError(errno.EIO, "io_uring did not take the fdatasync")
+        return future
+
+    def _reap(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._efd)
+        rings = self._rings
+        head = _U32.unpack_from(rings, self._cq_head)[0]
+        while head != (tail := _U32.unpack_from(rings, self._cq_tail)[0]):
+            while head != tail:
+                user_data, res, _ = _CQE.unpack_from(
+                    rings, self._cqes + (head & self._cq_mask) * _CQE.size)
+                future = self._pending.pop(user_data, None)
+                if future is not None and not future.done():
+                    future.set_result(res)
+                head = (head + 1) & 0xFFFFFFFF
+            _U32.pack_into(rings, self._cq_head, head)
+
+    def close(self) -> None:
+        """Stop watching and free the ring; the kernel finishes what is in flight first."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._efd)
+        self._release()
+
+    def _release(self) -> None:
+        for m in self._maps:
+            m.close()
+        for fd in (self._efd, self.fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def ring_for(loop: asyncio.AbstractEventLoop) -> Ring | None:
+    """The running loop's ring, set up on first use; None where io_uring cannot be used."""
+    if os.environ.get("THREADLINE_IO_URING") == "0":
+        return None
+    ring = _shared.rings.get(loop)
+    if ring is not None or _shared.unusable is not None:
+        return ring
+    with _shared.lock:
+        rings = _shared.rings
+        for old in [old for old in rings if old.is_closed()]:
+            rings.pop(old).close()
+        try:
+            ring = Ring(loop)
+        except (OSError, RuntimeError, ValueError) as exc:
+            # ENOSYS on an old kernel, EPERM under a seccomp profile: the
+            # thread does the work, and nothing tries again in this process.
+            _shared.unusable = f"io_uring cannot be set up: {exc}"
+            return None
+        rings[loop] = ring
+        return ring
+
+
+def _forget_parent_rings() -> None:
+    # The child shares the parent's rings: a completion could reach either.
+    _shared.lock = threading.Lock()
+    for ring in _shared.rings.values():
+        ring.closed = True
+        ring._release()
+    _shared.rings.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_rings)
