@@ -644,13 +644,14 @@ class DurableAgent:
                         # What is buffered is handed over inline: a method
                         # call per event costs a fair share of the event.
                         if items:
-                            item: RunEvent | None = items.popleft()
+                            item = items.popleft()
                             if channel.putter is not None:
                                 channel.let_in()
                         else:
-                            item = await channel.get()
-                            if item is None:
+                            waited = await channel.get()
+                            if waited is None:
                                 break
+                            item = waited
                         yield item
                 finally:
                     await pump.detach()
@@ -1000,8 +1001,8 @@ def _flat_copy(value: Any) -> dict[str, Any] | None:
 
 
 def _calls_tools(message: AssistantMessage) -> bool:
-    # ``message.tool_calls`` builds a tuple; this only looks.
-    for part in message.content:
+    # ``message.tool_calls`` builds a tuple, any() a generator; this only looks.
+    for part in message.content:  # noqa: SIM110
         if isinstance(part, ToolCall):
             return True
     return False
