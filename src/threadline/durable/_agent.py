@@ -842,7 +842,7 @@ class Run:
     even if you stop early.
     """
 
-    __slots__ = ("_gen",)
+    __slots__ = ("__weakref__", "_gen")
 
     def __init__(
         self, start: Callable[[list[weakref.ref[Any]]], AsyncGenerator[RunEvent, None]]
