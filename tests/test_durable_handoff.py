@@ -29,7 +29,7 @@ from threadline.ai._model import LanguageModel, ModelInfo, Request, StreamEvent,
 from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.durable._agent import _QUEUE_SIZE
 from threadline.durable._retry import RETRY_DELAYS
-from threadline.errors import InvalidEntry, StoreUnavailable
+from threadline.errors import AgentError, InvalidEntry, StoreUnavailable
 from threadline.session import FileStore, MemoryStore, MessageEntry, SQLiteStore, Store
 from threadline.testing import Call, FaultyStore, ScriptedModel, Text, Turn
 
@@ -355,3 +355,25 @@ async def test_s25_a_run_retries_its_message_appends_like_any_other() -> None:
     assert not any(isinstance(ev, StoredMessageEnd) and isinstance(ev.message, AssistantMessage)
                    for ev in seen)
     assert [e.id for e in await memory.load_entries("s")] == [e.id for e in agent.entries]
+
+
+async def test_s39_a_run_iterated_without_keeping_it_still_knows_its_consumer(
+    store: Store,
+) -> None:
+    # ``async for`` over ``agent.run(...)`` keeps no reference to the Run
+    # object itself, only to what its ``__aiter__`` gave: a mutation from the
+    # loop body must still be refused, not wait for itself, and once the
+    # loop is left with break the run is closed and the mutation waits for it.
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(long_script()), [lookup]),
+                               store=store)
+    async with asyncio.timeout(10):
+        async for ev in agent.run("go"):
+            if isinstance(ev, StoredMessageEnd) and isinstance(ev.message, ToolResultMessage):
+                with pytest.raises(AgentError, match="inside its own run"):
+                    await agent.append(UserMessage.of("no"))
+                break
+        (after,) = await agent.append(UserMessage.of("yes"))
+    assert agent.leaf_id == after.id
+    assert _other_tasks() == []
+    reopened = await durable.open(None, store=store, session_id=agent.session_id)
+    assert reopened.entries == agent.entries

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, TypeAlias, cast
 
@@ -30,7 +30,7 @@ from threadline.ai._messages import (
 from threadline.ai._model import LanguageModel
 from threadline.ai._tools import Tool
 from threadline.durable import _effects as effects
-from threadline.durable._channel import EMPTY, Channel
+from threadline.durable._channel import Channel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable._events import (
     LifecycleEvent,
@@ -178,7 +178,7 @@ class DurableAgent:
         """The last entry known to be loaded in the store's own append order."""
         self._run_task: asyncio.Task[Any] | None = None
         """The task iterating the current run, if one is in progress."""
-        self._run_owner: weakref.ref[Run] | None = None
+        self._run_owner: weakref.ref[Any] | None = None
         self.repaired: tuple[Entry, ...] = ()
         """Entries crash repair appended when this agent was opened."""
         self.diagnostics: tuple[str, ...] = tuple(getattr(entries, "diagnostics", ()))
@@ -586,7 +586,7 @@ class DurableAgent:
     def _check_not_inside_run(self, verb: str) -> None:
         # The run holds the lock while its consumer handles an event; a
         # mutation from that consumer would wait for itself forever. A run
-        # left by ``break`` (its ``Run`` object gone) is being closed by the
+        # left by ``break`` (its generator gone) is being closed by the
         # event loop, so waiting for it is fine.
         owner = self._run_owner() if self._run_owner is not None else None
         if owner is not None and self._run_task is asyncio.current_task():
@@ -611,14 +611,14 @@ class DurableAgent:
                      self._session_id, len(results))
 
     async def _run(
-        self, factory: Factory, input: list[Message], owner: weakref.ref[Run],
+        self, factory: Factory, input: list[Message], owner: list[weakref.ref[Any]],
         resume: bool = False,
     ) -> AsyncGenerator[RunEvent, None]:
         if self._compaction is not None and not resume:
             await maybe_compact(self, self._compaction, factory, input)
         async with self._lock:
             self._run_task = asyncio.current_task()
-            self._run_owner = owner
+            self._run_owner = owner[0]
             try:
                 turn: ResumeTurn | None = None
                 if resume:
@@ -637,15 +637,23 @@ class DurableAgent:
                 # leaves (break, aclose, cancellation) the loop only ever sees
                 # the abort signal, winds down, and its tail gets stored.
                 pump = _Pump(self, factory, context, input, input_entries, resume=turn)
-                _set_channel(owner, pump.channel)
+                channel = pump.channel
+                items = channel.items
                 try:
                     while True:
-                        item = await pump.channel.get()
-                        if item is None:
-                            break
+                        # What is buffered is handed over inline: a method
+                        # call per event costs a fair share of the event.
+                        if items:
+                            item = items.popleft()
+                            if channel.putter is not None:
+                                channel.let_in()
+                        else:
+                            waited = await channel.get()
+                            if waited is None:
+                                break
+                            item = waited
                         yield item
                 finally:
-                    _set_channel(owner, None)
                     await pump.detach()
             finally:
                 self._run_task = self._run_owner = None
@@ -754,6 +762,8 @@ class _Pump:
     async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
         events: AsyncIterator[AgentEvent] | None = None
         channel = self.channel
+        items = channel.items
+        limit = channel.limit
         try:
             events = self._events(factory, context, input)
             async for event in events:
@@ -763,12 +773,15 @@ class _Pump:
                     item = event
                 if self._detached:
                     continue
-                full = channel.put(item)
+                # Channel.put inline: this runs for every event of the run.
+                items.append(item)
+                if channel.getter is not None:
+                    channel.wake()
                 ledger = self._ledger
                 if ledger is not None and ledger.notices:
                     for notice in ledger.drain():
-                        full = channel.put(notice)
-                if full:
+                        channel.put(notice)
+                if len(items) >= limit:
                     await channel.room()
             channel.close()
         except Exception as exc:
@@ -782,24 +795,32 @@ class _Pump:
                 await _aclose(events)
 
     async def _store(self, event: MessageEnd) -> StoredMessageEnd:
+        message = event.message
         pending = self._pending_input
-        if pending and _same_input(pending[0], event.message):
-            written = [pending.pop(0)]
-        else:
-            # The pump task is never cancelled (detach shields it), so the
-            # cancellation-safe path and its extra task are not needed here.
+        if pending and _same_input(pending[0], message):
+            return StoredMessageEnd(message=message, entries=(pending.pop(0),))
+        agent = self._agent
+        if isinstance(message, AssistantMessage) and _calls_tools(message):
             ledger = self._ledger
-            message = event.message
-            if (ledger is None and self._plain is not None
-                    and isinstance(message, AssistantMessage) and message.tool_calls):
+            if ledger is None and self._plain is not None:
                 ledger = self._track_from_now()
-            records = (await ledger.records_for(message)
-                       if ledger is not None and isinstance(message, AssistantMessage)
-                       and message.tool_calls else [])
-            written = await self._agent._append([event.message, *records], shielded=False)
+            records = await ledger.records_for(message) if ledger is not None else []
             if ledger is not None and records:
+                written = await agent._append([message, *records], shielded=False)
                 ledger.stored(written)
-        return StoredMessageEnd(message=event.message, entries=tuple(written))
+                return StoredMessageEnd(message=message, entries=tuple(written))
+        # One message, one entry: what ``_append`` does unshielded, without
+        # its coroutine. The pump task is never cancelled (detach shields
+        # it), so the cancellation-safe path and its extra task are not
+        # needed here.
+        held = _held_copies([_to_entry(message, agent._tree.leaf_id)], agent._session_id)
+        store, session_id = agent._store, agent._session_id
+        try:
+            await store.append_entries(session_id, held)
+        except StoreUnavailable as exc:
+            await retry_append(store, session_id, held, exc)
+        agent._tree.add(held[0])
+        return StoredMessageEnd(message=message, entries=tuple(held))
 
     def _track_from_now(self) -> effects.Ledger | None:
         """The ledger, made now, if the run's tools changed so that a call can be tracked."""
@@ -821,28 +842,25 @@ class Run:
     even if you stop early.
     """
 
-    __slots__ = ("__weakref__", "_channel", "_gen")
+    __slots__ = ("__weakref__", "_gen")
 
     def __init__(
-        self, start: Callable[[weakref.ref[Run]], AsyncGenerator[RunEvent, None]]
+        self, start: Callable[[list[weakref.ref[Any]]], AsyncGenerator[RunEvent, None]]
     ) -> None:
-        self._gen = cast("AsyncGeneratorType[RunEvent, None]", start(weakref.ref(self)))
-        self._channel: Channel[RunEvent] | None = None
-        """The pump's channel while the run forwards its events."""
+        # The run knows its consumer is still there by a weak reference to
+        # the generator: a run left with break must stay collectable, which
+        # is what closes it.
+        owner: list[weakref.ref[Any]] = []
+        self._gen = cast("AsyncGeneratorType[RunEvent, None]", start(owner))
+        owner.append(weakref.ref(self._gen))
 
-    def __aiter__(self) -> Run:
-        return self
+    def __aiter__(self) -> AsyncIterator[RunEvent]:
+        # The generator itself: ``async for`` then steps it in C, with no
+        # Python call of ours per event.
+        return self._gen
 
-    async def __anext__(self) -> RunEvent:
-        # Events the pump has already stored and buffered are handed over
-        # here, without resuming the generator. Its own path (waiting, the
-        # end, an error, a second consumer) is taken once the buffer is empty.
-        channel = self._channel
-        if channel is not None and not self._gen.ag_running:
-            item = channel.take()
-            if item is not EMPTY:
-                return item  # type: ignore[return-value]
-        return await self._gen.__anext__()
+    def __anext__(self) -> Awaitable[RunEvent]:
+        return self._gen.__anext__()
 
     async def aclose(self) -> None:
         await self._gen.aclose()
@@ -859,14 +877,6 @@ class Run:
     async def collect(self) -> list[RunEvent]:
         """Consume the whole run and return its events."""
         return [event async for event in self]
-
-
-def _set_channel(owner: weakref.ref[Run], channel: Channel[RunEvent] | None) -> None:
-    # Through the weak reference only: a run left with break must stay
-    # collectable, which is what closes it.
-    run = owner()
-    if run is not None:
-        run._channel = channel
 
 
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage)
@@ -886,7 +896,8 @@ def _as_messages(input: RunInput) -> list[Message]:
 
 def _to_entry(item: Message | Entry, parent: str | None) -> Entry:
     if isinstance(item, _MESSAGE_TYPES):
-        return MessageEntry(parent_id=parent, message=item)
+        # Every field given: msgspec's default factories cost a call each.
+        return MessageEntry(id=new_id(), parent_id=parent, timestamp=utcnow(), message=item)
     if isinstance(item, OpaqueEntry):
         return rechain_opaque(item, id=new_id(), parent_id=parent)
     return msgspec.structs.replace(item, id=new_id(), parent_id=parent, timestamp=utcnow())
@@ -987,6 +998,14 @@ def _flat_copy(value: Any) -> dict[str, Any] | None:
         if type(key) is not str or type(item) not in _SCALARS:
             return None
     return dict(value)
+
+
+def _calls_tools(message: AssistantMessage) -> bool:
+    # ``message.tool_calls`` builds a tuple, any() a generator; this only looks.
+    for part in message.content:  # noqa: SIM110
+        if isinstance(part, ToolCall):
+            return True
+    return False
 
 
 def _same_input(entry: Entry, message: Message) -> bool:

@@ -275,9 +275,13 @@ def _schema_bounded(entry: Entry) -> bool:
         return type(message.details) not in _NESTING
     if type(message) is not AssistantMessage:
         return False
-    return all(type(value) not in _NESTING
-               for part in message.content if type(part) is ToolCall
-               for value in part.arguments.values())
+    # Loops rather than all() over a generator: this runs for every message.
+    for part in message.content:
+        if type(part) is ToolCall:
+            for value in part.arguments.values():
+                if type(value) in _NESTING:
+                    return False
+    return True
 
 
 _NESTING: frozenset[type[Any]] = frozenset({dict, list})

@@ -64,7 +64,8 @@ class MemoryStore:
         # the log untouched (all or nothing).
         if type(session_id) is not str or session_id not in self._records:
             check_session_id(session_id)  # a known session's id was checked when created
-        lines = [encode_entry(entry, session_id=session_id) for entry in entries]
+        lines = ([encode_entry(entries[0], session_id=session_id)] if len(entries) == 1
+                 else [encode_entry(entry, session_id=session_id) for entry in entries])
         with self._lock:
             log = self._logs.get(session_id)
             if log is None:
