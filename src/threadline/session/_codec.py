@@ -764,7 +764,7 @@ def _compact_run(items: Sequence[tuple[Any, ...]], last: str | None) -> list[Ent
 
 def _whole(message: Message) -> Message:
     """A compact entry's message written whole; ``_Recheck`` if it has a shorthand."""
-    # Tested inline first: only a message of one part can have a shorthand.
+    # Only a message of one part can have a shorthand.
     if (type(message) is not ToolResultMessage and len(message.content) == 1
             and _body(message) is not message):
         raise _Recheck
