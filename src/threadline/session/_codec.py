@@ -719,11 +719,17 @@ def _flatten(items: list[Any], last: str | None) -> list[Entry]:
     entries share the previous entry's id string as their parent id where
     they can (one string, not two, per entry).
     """
+    if items and type(items[0]) is tuple:
+        # Most likely a version 3 file of single appends: the tightest loop,
+        # without first looking at every item's type (a tenth of the build).
+        # A later item that is no compact entry cannot be unpacked into four.
+        try:
+            return _compact_run(items, last)
+        except TypeError:
+            pass
     kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
     if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
         return items
-    if kinds == {tuple}:  # a version 3 file of single appends: the tightest loop
-        return _compact_run(items, last)
     entries: list[Entry] = []
     for i, item in enumerate(items):
         if type(item) is tuple:
@@ -740,27 +746,33 @@ def _flatten(items: list[Any], last: str | None) -> list[Entry]:
 def _compact_run(items: Sequence[tuple[Any, ...]], last: str | None) -> list[Entry]:
     """The entries of compact lines (``last``: the id before them), built inline.
 
-    A call per entry is a fair part of the cost of a load. The parts and
-    messages are built positionally: msgspec matches no keyword that way.
+    A call per entry is a fair part of the cost of a load, and so is every
+    name stored and loaded again: the message is built inside the entry's
+    call. The parts and messages are built positionally: msgspec matches no
+    keyword that way. Raises ``TypeError`` for an item that is not a compact
+    entry (``_flatten`` relies on it).
     """
     entries: list[Entry] = []
     append = entries.append
     user, assistant, text, entry = UserMessage, AssistantMessage, TextPart, MessageEntry
+    str_, tuple_ = str, tuple
     for entry_id, stored_parent, timestamp, body in items:
-        if type(body) is str:
-            message: Message = user((text(body),))
-        elif type(body) is tuple:
-            message = assistant((text(body[0]),))
-        else:
-            message = body
-            # Tested inline first: only a message of one part can have a shorthand.
-            if (type(message) is not ToolResultMessage and len(message.content) == 1
-                    and _body(message) is not message):
-                raise _Recheck
         append(entry(id=entry_id, parent_id=last if stored_parent == last else stored_parent,
-                     timestamp=timestamp, message=message))
+                     timestamp=timestamp,
+                     message=(user((text(body),)) if type(body) is str_
+                              else assistant((text(body[0]),)) if type(body) is tuple_
+                              else _whole(body))))
         last = entry_id
     return entries
+
+
+def _whole(message: Message) -> Message:
+    """A compact entry's message written whole; ``_Recheck`` if it has a shorthand."""
+    # Only a message of one part can have a shorthand.
+    if (type(message) is not ToolResultMessage and len(message.content) == 1
+            and _body(message) is not message):
+        raise _Recheck
+    return message
 
 
 def _other(item: Any, entries: list[Entry], last: str | None) -> Any:
