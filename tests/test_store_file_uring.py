@@ -507,3 +507,24 @@ async def test_s44_a_big_batch_and_a_torn_tail_are_a_workers(
     assert (len(rings), len(threads)) == (1, 2)
     assert [t[:6] for t in _texts(await store.load_entries("s"))] == [
         "first", "z" * 6, "w" * 6, "after ", "and on"]
+
+
+async def test_s44_more_syncs_in_flight_than_the_ring_has_room_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ring of 8 completion slots, made for this test's loop: 60 sessions'
+    # syncs at once overflow it, and the kernel holds the rest until reaped.
+    monkeypatch.setattr(_uring, "_ENTRIES", 4)
+    monkeypatch.setattr(_uring, "_CQ_ENTRIES", 8)
+    store = FileStore(tmp_path)
+    sids = [f"s{n}" for n in range(60)]
+    for sid in sids:
+        await store.create_session(SessionRecord(id=sid))
+    for _ in range(3):
+        await asyncio.wait_for(asyncio.gather(*(
+            store.append_entries(sid, [_msg(sid)]) for sid in sids)), 30)
+    ring = _uring.ring_for(asyncio.get_running_loop())
+    assert ring is not None and not ring._pending
+    for sid in sids:
+        assert _texts(await store.load_entries(sid)) == [sid] * 3
+    await store.close()

@@ -33,12 +33,18 @@ from typing import Any
 __all__ = ["Ring", "ring_for"]
 
 _ENTRIES = 64  # submission slots; each is free again once submitted
+# Completion slots: one per fdatasync in flight (one per busy session). Any
+# beyond it wait in the kernel's overflow list until _reap flushes them.
+_CQ_ENTRIES = 4096
 
 # From <linux/io_uring.h>. The numbers are the same on every architecture.
 _SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427
 _OP_FSYNC = 3
 _FSYNC_DATASYNC = 1
 _REGISTER_EVENTFD = 4
+_SETUP_CQSIZE = 1 << 3
+_ENTER_GETEVENTS = 1 << 0
+_SQ_CQ_OVERFLOW = 1 << 1
 _FEAT_SINGLE_MMAP, _FEAT_NODROP = 1 << 0, 1 << 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 # struct io_uring_params: ten u32, then the SQ and CQ offsets (seven and
@@ -85,6 +91,8 @@ class Ring:
             syscall.argtypes = [ctypes.c_long] * 7
             _shared.syscall = syscall
         params = ctypes.create_string_buffer(_PARAMS.size)
+        # struct io_uring_params: sq_entries, cq_entries, flags, ...
+        struct.pack_into("<3I", params, 0, 0, _CQ_ENTRIES, _SETUP_CQSIZE)
         self.fd = _call(_SYS_SETUP, _ENTRIES, ctypes.addressof(params))
         self._maps: list[mmap.mmap] = []
         self._efd = -1
@@ -116,7 +124,7 @@ class Ring:
                                mmap.PROT_READ | mmap.PROT_WRITE, offset=_OFF_SQES)
         self._maps.append(self._sqes)
         self._rings = rings
-        self._sq_tail, self._sq_array = sq_off[1], sq_off[6]
+        self._sq_tail, self._sq_flags, self._sq_array = sq_off[1], sq_off[4], sq_off[6]
         self._sq_mask = _U32.unpack_from(rings, sq_off[2])[0]
         self._cq_head, self._cq_tail = cq_off[0], cq_off[1]
         self._cq_mask = _U32.unpack_from(rings, cq_off[2])[0]
@@ -145,15 +153,21 @@ class Ring:
             os.eventfd_read(self._efd)
         rings = self._rings
         head = _U32.unpack_from(rings, self._cq_head)[0]
-        while head != (tail := _U32.unpack_from(rings, self._cq_tail)[0]):
-            while head != tail:
-                user_data, res, _ = _CQE.unpack_from(
-                    rings, self._cqes + (head & self._cq_mask) * _CQE.size)
-                future = self._pending.pop(user_data, None)
-                if future is not None and not future.done():
-                    future.set_result(res)
-                head = (head + 1) & 0xFFFFFFFF
-            _U32.pack_into(rings, self._cq_head, head)
+        while True:
+            while head != (tail := _U32.unpack_from(rings, self._cq_tail)[0]):
+                while head != tail:
+                    user_data, res, _ = _CQE.unpack_from(
+                        rings, self._cqes + (head & self._cq_mask) * _CQE.size)
+                    future = self._pending.pop(user_data, None)
+                    if future is not None and not future.done():
+                        future.set_result(res)
+                    head = (head + 1) & 0xFFFFFFFF
+                _U32.pack_into(rings, self._cq_head, head)
+            # Completions that found the ring full wait in the kernel, and
+            # signal nothing, until a system call moves them into the ring.
+            if not _U32.unpack_from(rings, self._sq_flags)[0] & _SQ_CQ_OVERFLOW:
+                return
+            _call(_SYS_ENTER, self.fd, 0, 0, _ENTER_GETEVENTS, None, 0)
 
     def close(self) -> None:
         """Stop watching and free the ring; the kernel finishes what is in flight first."""
