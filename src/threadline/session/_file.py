@@ -635,9 +635,13 @@ class FileStore:
             if queue is None:
                 self._queues[session_id] = [waiter]
                 # Started once the tasks running now have queued their appends
-                # too, so that a worker takes them in one group (S34).
+                # too, so that a worker takes them in one group (S34). A new
+                # task's first step runs after those already due.
                 self._unstarted[session_id] = waiter.loop
-                waiter.loop.call_soon(self._start_drain, session_id)
+                if self.durability == "fsync" and ring_for(waiter.loop) is not None:
+                    self._start_drain_locked(session_id)
+                else:
+                    waiter.loop.call_soon(self._start_drain, session_id)
             else:
                 queue.append(waiter)
                 owner = self._unstarted.get(session_id)
