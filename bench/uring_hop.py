@@ -81,7 +81,7 @@ class _Variants:
 
     async def uring(self) -> None:
         os.write(self.fds["uring"], _LINE)
-        synced = await self.ring.fdatasync(self.fds["uring"])
+        synced = await self.ring.wait(self.fds["uring"])
         if synced != 0:
             raise SystemExit(f"io_uring fdatasync failed: {os.strerror(-synced)}")
 

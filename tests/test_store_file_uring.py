@@ -32,7 +32,8 @@ from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError, StoreError
 from threadline.session import FileStore, MessageEntry, SessionRecord, _uring
 
-Submit = Callable[[Any, int], "asyncio.Future[int]"]
+Done = Callable[[int], object]
+Submit = Callable[[Any, int, Done], None]
 
 
 def _msg(text: str, parent_id: str | None = None) -> MessageEntry:
@@ -62,9 +63,9 @@ def submitted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     real: Submit = _uring.Ring.fdatasync
 
-    def counted(self: Any, fd: int) -> asyncio.Future[int]:
+    def counted(self: Any, fd: int, done: Done) -> None:
         sizes.append(os.fstat(fd).st_size)
-        return real(self, fd)
+        real(self, fd, done)
 
     def no_thread_sync(fd: int) -> None:
         raise AssertionError("an append took the worker's fdatasync")
@@ -82,12 +83,22 @@ async def _started(tmp_path: Path, session_id: str = "s") -> FileStore:
     return store
 
 
-def _patch_ring(monkeypatch: pytest.MonkeyPatch,
-                wrap: Callable[[Submit, Any, int], Awaitable[int]]) -> None:
-    real: Submit = _uring.Ring.fdatasync
+Wait = Callable[[Any, int], "asyncio.Future[int]"]
 
-    def patched(self: Any, fd: int) -> asyncio.Future[int]:
-        return asyncio.ensure_future(wrap(real, self, fd))
+
+def _patch_ring(monkeypatch: pytest.MonkeyPatch,
+                wrap: Callable[[Wait, Any, int], Awaitable[int]]) -> None:
+    """Put ``wrap`` between the store and the ring: it may delay or change a sync's report."""
+    submit: Submit = _uring.Ring.fdatasync
+
+    def real(ring: Any, fd: int) -> asyncio.Future[int]:  # Ring.wait would call the patch
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        submit(ring, fd, future.set_result)
+        return future
+
+    def patched(self: Any, fd: int, done: Done) -> None:
+        report = asyncio.ensure_future(wrap(real, self, fd))
+        report.add_done_callback(lambda t: None if t.cancelled() else done(t.result()))
 
     monkeypatch.setattr(_uring.Ring, "fdatasync", patched)
 
@@ -136,7 +147,7 @@ async def test_s44_a_failed_sync_poisons_the_store(
 ) -> None:
     store = await _started(tmp_path)
 
-    async def sync_fails(real: Submit, ring: Any, fd: int) -> int:
+    async def sync_fails(real: Wait, ring: Any, fd: int) -> int:
         await real(ring, fd)
         return -errno.EIO
 
@@ -294,9 +305,9 @@ async def test_s44_lines_of_another_process_are_learned_on_the_loop_or_by_a_work
     real_ring: Submit = _uring.Ring.fdatasync
     real_sync = os.fdatasync
 
-    def ring_counted(self: Any, fd: int) -> asyncio.Future[int]:
+    def ring_counted(self: Any, fd: int, done: Done) -> None:
         rings.append(fd)
-        return real_ring(self, fd)
+        real_ring(self, fd, done)
 
     def thread_counted(fd: int) -> None:
         threads.append(fd)
@@ -320,7 +331,7 @@ async def _slow_ring(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, as
     """Hold each ring write's report until ``go`` is set; ``inflight`` is set once one is."""
     inflight, go = asyncio.Event(), asyncio.Event()
 
-    async def held(real: Submit, ring: Any, fd: int) -> int:
+    async def held(real: Wait, ring: Any, fd: int) -> int:
         result = await real(ring, fd)
         inflight.set()
         await go.wait()
@@ -349,19 +360,19 @@ def test_s44_a_loop_shutting_down_mid_write_leaves_the_store_usable(
 
         asyncio.get_running_loop().create_task(append())
         await inflight.wait()
-        # main returns: asyncio.run cancels the append and the store's writer
+        # main returns: asyncio.run cancels the append and closes the loop mid-sync
 
     asyncio.run(main())
     monkeypatch.undo()
-    assert len(outcome) == 1 and isinstance(outcome[0], (StoreError, asyncio.CancelledError))
+    assert len(outcome) == 1 and isinstance(outcome[0], asyncio.CancelledError)
 
     async def later() -> list[str]:
         await asyncio.wait_for(store.append_entries("s", [_msg("later")]), 10)
         return _texts(await store.load_entries("s"))
 
     texts = asyncio.run(later())
-    # The lines were written before the sync was handed over; the caller was told
-    # the outcome was unknown, and a retry would be stored once (S25).
+    # The lines were written before the sync was handed over; the cancelled caller
+    # cannot know whether they are stored, and a retry would be stored once (S25).
     assert texts == ["first", "in flight", "later"]
 
 
@@ -485,9 +496,9 @@ async def test_s44_a_big_batch_and_a_torn_tail_are_a_workers(
     real_ring: Submit = _uring.Ring.fdatasync
     real_sync = os.fdatasync
 
-    def ring_counted(self: Any, fd: int) -> asyncio.Future[int]:
+    def ring_counted(self: Any, fd: int, done: Done) -> None:
         rings.append(fd)
-        return real_ring(self, fd)
+        real_ring(self, fd, done)
 
     def thread_counted(fd: int) -> None:
         threads.append(fd)
@@ -528,3 +539,32 @@ async def test_s44_more_syncs_in_flight_than_the_ring_has_room_for(
     for sid in sids:
         assert _texts(await store.load_entries(sid)) == [sid] * 3
     await store.close()
+
+
+async def test_s44_a_failing_report_does_not_keep_the_others_from_theirs(tmp_path: Path) -> None:
+    # Completions are reported by callbacks straight from the ring's reader:
+    # one that raises must not strand the completions reaped after it.
+    loop = asyncio.get_running_loop()
+    ring = _uring.ring_for(loop)
+    assert ring is not None
+    handled: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: handled.append(context["exception"]))
+    fds = [os.open(tmp_path / f"f{n}", os.O_WRONLY | os.O_CREAT, 0o644) for n in range(3)]
+    reported: list[int] = []
+
+    def broken(result: int) -> None:
+        raise RuntimeError("a report that fails")
+
+    try:
+        last: asyncio.Future[int] = loop.create_future()
+        ring.fdatasync(fds[0], broken)
+        ring.fdatasync(fds[1], reported.append)
+        ring.fdatasync(fds[2], last.set_result)
+        assert await asyncio.wait_for(last, 30) == 0
+        await asyncio.sleep(0)
+        assert reported == [0]
+        assert [str(e) for e in handled] == ["a report that fails"]
+    finally:
+        loop.set_exception_handler(None)
+        for fd in fds:
+            os.close(fd)

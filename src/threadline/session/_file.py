@@ -109,6 +109,7 @@ import base64
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -482,16 +483,23 @@ class _WouldBlock(Exception):
 
 
 class _Rung:
-    """A session whose appends an event loop writes through io_uring."""
+    """A session whose appends an event loop writes, their fdatasync through io_uring."""
 
-    __slots__ = ("abandoned", "log", "loop")
+    __slots__ = ("abandoned", "end", "group", "idle", "log", "loop", "ring")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Ring) -> None:
         self.loop = loop
+        self.ring = ring
         self.log: _OpenLog | None = None
-        """The file a write is in flight to: locked until the kernel is done."""
+        """The file a sync is in flight for: locked until the kernel is done."""
+        self.group: list[_Waiter] = []
+        """The calls that sync is for."""
+        self.end = 0
+        """The file's size once that sync is done."""
         self.abandoned = False
         """Taken over by a worker (the loop closed): the session is no longer this one's."""
+        self.idle: asyncio.Future[None] | None = None
+        """Set once the session is no longer this one's, for ``close`` to wait on."""
 
 
 class _Waiter(_Batch):
@@ -539,6 +547,11 @@ def _settle(waiters: Sequence[_Waiter], error: BaseException | None) -> None:
             future.set_exception(failure)
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _close_all(logs: dict[str, _OpenLog]) -> None:
     for log in logs.values():
         os.close(log.fd)
@@ -574,7 +587,6 @@ class FileStore:
         self._unstarted: dict[str, asyncio.AbstractEventLoop] = {}
         # Busy sessions an event loop writes through io_uring (fsync only).
         self._rung: dict[str, _Rung] = {}
-        self._ring_tasks: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._catalog: _Catalog | None = None
         # Entry ids of sessions loaded but not open for appending (see _KnownIds).
@@ -629,19 +641,23 @@ class FileStore:
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
                 and self._write_inline(session_id, _Batch(lines, ids))):
             return
-        waiter = _Waiter(lines, ids, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(lines, ids, loop)
+        ring = ring_for(loop) if self.durability == "fsync" else None
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is None:
                 self._queues[session_id] = [waiter]
                 # Started once the tasks running now have queued their appends
-                # too, so that a worker takes them in one group (S34). A new
-                # task's first step runs after those already due.
-                self._unstarted[session_id] = waiter.loop
-                if self.durability == "fsync" and ring_for(waiter.loop) is not None:
-                    self._start_drain_locked(session_id)
+                # too, so that one write takes them all (S34): callbacks made
+                # due now run after those already due.
+                if ring is not None:
+                    self._sweep_locked()
+                    fresh = self._rung[session_id] = _Rung(loop, ring)
+                    loop.call_soon(self._ring_next_group, session_id, fresh)
                 else:
-                    waiter.loop.call_soon(self._start_drain, session_id)
+                    self._unstarted[session_id] = loop
+                    loop.call_soon(self._start_drain, session_id)
             else:
                 queue.append(waiter)
                 owner = self._unstarted.get(session_id)
@@ -659,29 +675,23 @@ class FileStore:
             self._start_drain_locked(session_id)
 
     def _start_drain_locked(self, session_id: str) -> None:
-        """Start writing a busy session's queue: through io_uring on the running loop
-        (fsync durability, where the kernel allows it), else on a worker thread."""
-        if self._unstarted.pop(session_id, None) is None:
-            return
-        self._sweep_locked()
-        loop = asyncio.get_running_loop()
-        ring = ring_for(loop) if self.durability == "fsync" else None
-        if ring is None:
+        """Start a worker thread on a busy session's queue."""
+        if self._unstarted.pop(session_id, None) is not None:
             self._pool().submit(self._drain, session_id)
-            return
-        rung = self._rung[session_id] = _Rung(loop)
-        task = loop.create_task(self._drain_ring(session_id, ring, rung))
-        self._ring_tasks.add(task)
-        task.add_done_callback(self._ring_tasks.discard)
 
     def _to_worker_locked(self, session_id: str, log: _OpenLog | None,
                           group: list[_Waiter]) -> None:
         """Hand a ring-written session to a worker thread, ``group`` first in its queue."""
-        del self._rung[session_id]
+        self._drop_rung_locked(session_id)
         self._queues[session_id][:0] = group
         if log is not None:
             self._logs[session_id] = log
         self._pool().submit(self._drain, session_id)
+
+    def _drop_rung_locked(self, session_id: str) -> None:
+        rung = self._rung.pop(session_id)
+        if rung.idle is not None and not rung.loop.is_closed():
+            rung.loop.call_soon_threadsafe(_resolve, rung.idle)
 
     def _sweep_locked(self) -> None:
         """Take over every session whose io_uring writer's event loop has closed."""
@@ -732,9 +742,13 @@ class FileStore:
         The store stays usable: later calls reopen what they need.
         """
         loop = asyncio.get_running_loop()
-        writing = [t for t in self._ring_tasks if t.get_loop() is loop]
-        if writing:  # io_uring writers of this loop; other loops' finish on their own
-            await asyncio.wait(writing)
+        with self._lock:  # io_uring writers of this loop; other loops' finish on their own
+            writing = [rung for rung in self._rung.values() if rung.loop is loop]
+            for rung in writing:
+                rung.idle = rung.idle or loop.create_future()
+        for rung in writing:
+            assert rung.idle is not None
+            await rung.idle
         with self._lock:
             self._sweep_locked()
             executor, self._executor = self._executor, None
@@ -862,70 +876,56 @@ class FileStore:
             # this thread to let go of the GIL.
             _wake(done, error)
 
-    async def _drain_ring(self, session_id: str, ring: Ring, rung: _Rung) -> None:
-        """The event loop's ``_drain``: each group written and synced through io_uring."""
-        loop = rung.loop
+    def _ring_next_group(self, session_id: str, rung: _Rung) -> None:
+        """Write what queued for a ring-written session, or let the session go idle."""
         with self._lock:
-            group, log = self._next_group(session_id, None)
-        while group:
-            error: BaseException | None = None
-            if any(waiter.loop is not loop for waiter in group):
-                # Calls from other event loops go to a worker, which does not
-                # end when this loop does.
+            if self._rung.get(session_id) is not rung:
+                return  # a worker took the session over
+            group = self._queues[session_id]
+            if not group:
+                del self._queues[session_id]
+                self._drop_rung_locked(session_id)
+                return
+            self._queues[session_id] = []
+            log = self._logs.pop(session_id, None)
+        self._ring_write(session_id, rung, group, log)
+
+    def _ring_write(self, session_id: str, rung: _Rung, group: list[_Waiter],
+                    log: _OpenLog | None) -> None:
+        """``_write`` on the event loop, its fdatasync handed to io_uring (``_ring_synced``).
+
+        A loop callback, no task: a task's steps cost a turn of the loop
+        each. Only the plain case runs here: a file not locked by another
+        process, with at most ``_CATCH_UP_ON_LOOP`` bytes of lines this store
+        has not read, no torn tail to set aside, and at most
+        ``_WRITE_ON_LOOP`` bytes to write. Anything else goes to a worker
+        thread, which may read, wait or fsync as long as it needs; so do
+        calls from other event loops, as a worker does not end with this one.
+        """
+        if any(waiter.loop is not rung.loop for waiter in group):
+            with self._lock:
+                self._to_worker_locked(session_id, log, group)
+            return
+        try:
+            log, size = self._lock_log(session_id, log, block=False)
+        except _WouldBlock as busy:
+            with self._lock:
+                self._to_worker_locked(session_id, busy.log, group)
+            return
+        except Exception as exc:
+            self._ring_done(session_id, rung, group, None, self._append_error(session_id, exc))
+            return
+        try:
+            behind = size - log.known.size
+            # Where this store wrote last, the file ends with a whole line.
+            if ((behind and (behind > _CATCH_UP_ON_LOOP
+                             or os.pread(log.fd, 1, size - 1) != b"\n"))
+                    or sum(len(line) for b in group for line in b.lines) > _WRITE_ON_LOOP):
+                fcntl.flock(log.fd, fcntl.LOCK_UN)
                 with self._lock:
                     self._to_worker_locked(session_id, log, group)
                 return
-            try:
-                log = await self._write_ring(session_id, log, group, ring, rung)
-            except _WouldBlock as busy:
-                with self._lock:
-                    self._to_worker_locked(session_id, busy.log, group)
-                return
-            except (asyncio.CancelledError, GeneratorExit):
-                # The loop is shutting down (cancelled), or closed and this
-                # coroutine is being collected. The kernel may still store the
-                # group: its callers learn that the outcome is unknown.
-                with self._lock:
-                    if rung.abandoned:  # a worker took the session over already
-                        raise
-                    self._to_worker_locked(session_id, None, [])
-                _wake(group, StoreError(
-                    f"append to session {session_id!r} in {self.root} was interrupted "
-                    f"by the event loop shutting down; it may or may not be stored, "
-                    f"and a retry of the same entries is safe", session_id=session_id),
-                    None if loop.is_closed() else loop)
-                raise
-            except Exception as exc:
-                error, log = exc, None
-            with self._lock:
-                done, (group, log) = group, self._next_group(session_id, log)
-                if not group:
-                    del self._rung[session_id]
-            _wake(done, error, loop)
-
-    async def _write_ring(self, session_id: str, log: _OpenLog | None,
-                          batches: Sequence[_Batch], ring: Ring, rung: _Rung) -> _OpenLog:
-        """``_write`` on the event loop, its fdatasync through io_uring.
-
-        Only the plain case runs here: a file not locked by another process,
-        with at most ``_CATCH_UP_ON_LOOP`` bytes of lines this store has not
-        read, no torn tail to set aside, and at most ``_WRITE_ON_LOOP``
-        bytes to write. Anything else raises
-        ``_WouldBlock`` for a worker thread, which may read, wait or fsync as
-        long as it needs.
-        """
-        try:
-            log, size = self._lock_log(session_id, log, block=False)
-        except OSError as exc:
-            raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
-                             f"{exc}", session_id=session_id) from exc
-        try:
-            if (size - log.known.size > _CATCH_UP_ON_LOOP
-                    or sum(len(line) for b in batches for line in b.lines) > _WRITE_ON_LOOP
-                    or os.pread(log.fd, 1, size - 1) != b"\n"):
-                fcntl.flock(log.fd, fcntl.LOCK_UN)
-                raise _WouldBlock(log)
-            data = self._admit(log, size, batches, session_id)
+            data = self._admit(log, size, group, session_id)
             if data:
                 # The write goes to the page cache: as quick as a hop, and it
                 # does not wait for the disk (the flush durability's inline
@@ -934,33 +934,59 @@ class FileStore:
                     _write_all(log.fd, data)
                 except OSError as exc:
                     self._undo_write(log.fd, size, log.path, session_id, exc)
-                rung.log = log
-                try:
-                    synced = await ring.fdatasync(log.fd)
-                finally:
-                    with self._lock:
-                        rung.log = None
-                        if rung.abandoned:  # its taker closed the file
-                            log = None
-                if log is None:
-                    raise StoreError(f"append to session {session_id!r} in {self.root} was "
-                                     f"taken over after its event loop closed",
-                                     session_id=session_id)
-                if synced < 0:
-                    raise self._poison(session_id, f"fdatasync of {log.path} failed",
-                                       OSError(-synced, os.strerror(-synced)))
-                log.known.size = size + len(data)
+                rung.log, rung.group, rung.end = log, group, size + len(data)
+                rung.ring.fdatasync(log.fd, functools.partial(self._ring_synced, session_id, rung))
+                return
             fcntl.flock(log.fd, fcntl.LOCK_UN)
-            return log
-        except _WouldBlock:
-            raise
-        except BaseException as exc:
+        except Exception as exc:
+            rung.log, rung.group = None, []
+            os.close(log.fd)  # also releases the lock (once an in-flight write is done)
+            self._ring_done(session_id, rung, group, None, self._append_error(session_id, exc))
+            return
+        self._ring_done(session_id, rung, group, log, None)
+
+    def _ring_synced(self, session_id: str, rung: _Rung, synced: int) -> None:
+        """The ring's report of a group's fdatasync, on the loop: settle it, go on."""
+        with self._lock:
+            log, group, rung.log, rung.group = rung.log, rung.group, None, []
+            if rung.abandoned or log is None:  # its taker closed the file, owns the session
+                return
+        kept: _OpenLog | None = log
+        error: Exception | None = None
+        try:
+            if synced < 0:
+                raise self._poison(session_id, f"fdatasync of {log.path} failed",
+                                   OSError(-synced, os.strerror(-synced)))
+            log.known.size = rung.end
+            fcntl.flock(log.fd, fcntl.LOCK_UN)
+        except Exception as exc:
+            kept, error = None, self._append_error(session_id, exc)
+            os.close(log.fd)
+        self._ring_done(session_id, rung, group, kept, error)
+
+    def _ring_done(self, session_id: str, rung: _Rung, done: list[_Waiter],
+                   log: _OpenLog | None, error: BaseException | None) -> None:
+        """Settle a written group; write what queued meanwhile, or look again soon."""
+        with self._lock:
             if log is not None:
-                os.close(log.fd)  # also releases the lock (once an in-flight write is done)
-            if isinstance(exc, OSError):
-                raise StoreError(f"cannot append to session {session_id!r} in {self.root}: "
-                                 f"{exc}", session_id=session_id) from exc
-            raise
+                self._cache_locked(session_id, log)
+            queued = bool(self._queues[session_id])
+        _settle(done, error)
+        if queued:
+            self._ring_next_group(session_id, rung)
+        else:
+            # The callers just settled run first, and what they append next
+            # goes in one group.
+            rung.loop.call_soon(self._ring_next_group, session_id, rung)
+
+    def _append_error(self, session_id: str, exc: Exception) -> Exception:
+        """What an append's caller is told of ``exc``: an OSError as a StoreError."""
+        if isinstance(exc, OSError):
+            error = StoreError(f"cannot append to session {session_id!r} in {self.root}: "
+                               f"{exc}", session_id=session_id)
+            error.__cause__ = exc
+            return error
+        return exc
 
     def _next_group(
         self, session_id: str, log: _OpenLog | None, *, inline: bool = False
@@ -971,12 +997,7 @@ class FileStore:
         longer busy. An inline writer hands what queued up behind it to a worker.
         """
         if log is not None:
-            self._logs[session_id] = log
-            if len(self._logs) > _MAX_OPEN_FILES:
-                # A failed close of an evicted, fully synced file loses nothing;
-                # raising here would kill the worker and strand queued appends.
-                with contextlib.suppress(OSError):
-                    os.close(self._logs.pop(next(iter(self._logs))).fd)
+            self._cache_locked(session_id, log)
         group = self._queues[session_id]
         if not group:
             del self._queues[session_id]
@@ -986,6 +1007,14 @@ class FileStore:
             return [], None
         self._queues[session_id] = []
         return group, self._logs.pop(session_id, None)
+
+    def _cache_locked(self, session_id: str, log: _OpenLog) -> None:
+        self._logs[session_id] = log
+        if len(self._logs) > _MAX_OPEN_FILES:
+            # A failed close of an evicted, fully synced file loses nothing;
+            # raising here would kill the writer and strand queued appends.
+            with contextlib.suppress(OSError):
+                os.close(self._logs.pop(next(iter(self._logs))).fd)
 
     def _write_inline(self, session_id: str, batch: _Batch) -> bool:
         """Append in the caller's thread, unless a writer is busy with the session.
@@ -1655,7 +1684,6 @@ def _forget_parent_state() -> None:
         store._queues.clear()
         store._unstarted.clear()
         store._rung.clear()
-        store._ring_tasks.clear()
         store._executor = None
 
 

@@ -28,6 +28,7 @@ import os
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Ring", "ring_for"]
@@ -79,7 +80,7 @@ def _call(number: int, *args: int | None) -> int:
 
 
 class Ring:
-    """One io_uring whose completions settle futures on the loop that made it.
+    """One io_uring whose completions are reported on the loop that made it.
 
     Only that loop's thread submits to it and reaps it.
     """
@@ -105,7 +106,7 @@ class Ring:
             self._release()
             raise
         self._loop = loop
-        self._pending: dict[int, asyncio.Future[int]] = {}  # by user_data
+        self._pending: dict[int, Callable[[int], object]] = {}  # by user_data
         self._next = 0
         self.closed = False
         loop.add_reader(self._efd, self._reap)
@@ -130,8 +131,14 @@ class Ring:
         self._cq_mask = _U32.unpack_from(rings, cq_off[2])[0]
         self._cqes = cq_off[5]
 
-    def fdatasync(self, fd: int) -> asyncio.Future[int]:
-        """Submit an fdatasync of ``fd``; the future gets 0 or ``-errno``."""
+    def fdatasync(self, fd: int, done: Callable[[int], object]) -> None:
+        """Submit an fdatasync of ``fd``; ``done`` gets 0 or ``-errno``.
+
+        ``done`` is called straight from the loop's reader callback, not
+        through a future: a future's callbacks would wait one more turn of
+        the loop. It must not raise (what it raises goes to the loop's
+        exception handler).
+        """
         self._next += 1
         key = self._next
         tail = _U32.unpack_from(self._rings, self._sq_tail)[0]
@@ -141,11 +148,23 @@ class Ring:
         _U32.pack_into(self._rings, self._sq_array + slot * 4, slot)
         # The kernel reads the tail inside io_uring_enter, after these stores.
         _U32.pack_into(self._rings, self._sq_tail, (tail + 1) & 0xFFFFFFFF)
+        self._pending[key] = done
+        if _shared.syscall(_SYS_ENTER, self.fd, 1, 0, 0, 0, 0) != 1:
+            del self._pending[key]
+            # Our own ring, submitted at once, takes it: this is a lost ring.
+            err = ctypes.get_errno()
+            raise OSError(err or errno.EIO, f"io_uring did not take the fdatasync of fd {fd}: "
+                          f"{os.strerror(err or errno.EIO)}")
+
+    def wait(self, fd: int) -> asyncio.Future[int]:
+        """``fdatasync`` as a future, for callers that can afford the extra turn."""
         future: asyncio.Future[int] = self._loop.create_future()
-        self._pending[key] = future
-        if _call(_SYS_ENTER, self.fd, 1, 0, 0, None, 0) != 1:
-            # Cannot happen with a ring of our own, submitted at once.
-            raise OSError(errno.EIO, "io_uring did not take the fdatasync")
+
+        def done(result: int) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        self.fdatasync(fd, done)
         return future
 
     def _reap(self) -> None:
@@ -158,10 +177,15 @@ class Ring:
                 while head != tail:
                     user_data, res, _ = _CQE.unpack_from(
                         rings, self._cqes + (head & self._cq_mask) * _CQE.size)
-                    future = self._pending.pop(user_data, None)
-                    if future is not None and not future.done():
-                        future.set_result(res)
                     head = (head + 1) & 0xFFFFFFFF
+                    done = self._pending.pop(user_data, None)
+                    if done is not None:
+                        try:
+                            done(res)
+                        except Exception as exc:  # the rest must still be reported
+                            self._loop.call_exception_handler({
+                                "message": "io_uring completion callback failed",
+                                "exception": exc})
                 _U32.pack_into(rings, self._cq_head, head)
             # Completions that found the ring full wait in the kernel, and
             # signal nothing, until a system call moves them into the ring.
