@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -219,10 +220,10 @@ def _concurrent_once(root: Path, tasks: int, lines: list[bytes], entries: list[M
         syncs += 1
         real_sync(fd)
 
-    def ring_counted(ring: _uring.Ring, fd: int) -> asyncio.Future[int]:
+    def ring_counted(ring: _uring.Ring, fd: int, done: Callable[[int], object]) -> None:
         nonlocal syncs
         syncs += 1
-        return real_ring(ring, fd)
+        real_ring(ring, fd, done)
 
     async def run() -> float:
         await store.create_session(SessionRecord(id=sid))

@@ -648,11 +648,11 @@ class FileStore:
             queue = self._queues.get(session_id)
             if queue is None:
                 self._queues[session_id] = [waiter]
+                self._sweep_locked()
                 # Started once the tasks running now have queued their appends
                 # too, so that one write takes them all (S34): callbacks made
                 # due now run after those already due.
                 if ring is not None:
-                    self._sweep_locked()
                     fresh = self._rung[session_id] = _Rung(loop, ring)
                     loop.call_soon(self._ring_next_group, session_id, fresh)
                 else:
