@@ -62,6 +62,7 @@ __all__ = [
     "decode_entry",
     "decode_init",
     "decode_lines",
+    "encode_compact",
     "encode_entry",
     "encode_init",
     "expand_line",
@@ -354,17 +355,19 @@ def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> l
     return [_check(entry, session_id)[1] for entry in entries]
 
 
-def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION) -> bytes:
+def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION,
+          compact: Sequence[bytes] | None = None) -> bytes:
     """What one ``append_entries`` call of these lines adds to a session file.
 
     ``lines`` are what ``encode_entry`` gave. One line is written as it is.
     Several become one ``batch`` line (format version 2 on), so a reader sees
     all of them or, if the writer died, a torn last line; a version 1 file
     gets them one per line. From version 3 on, a message entry is written in
-    its compact form (``compact_line``).
+    its compact form (``compact_line``; ``compact``, if given, holds those
+    lines already, as ``encode_compact`` made them).
     """
     if version >= 3:
-        lines = [compact_line(line) for line in lines]
+        lines = [compact_line(line) for line in lines] if compact is None else compact
     if len(lines) > 1 and version >= 2:
         return b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
     return b"".join(line + b"\n" for line in lines)
@@ -406,9 +409,26 @@ def compact_line(line: bytes) -> bytes:
         entry = _message_decoder.decode(line)
     except msgspec.DecodeError:
         return line
+    return _compact_of(entry, line)
+
+
+def _compact_of(entry: MessageEntry, line: bytes) -> bytes:
+    """``compact_line(line)`` for ``entry``, the message entry decoded from ``line``."""
     if entry.origin_id is not None or _encoder.encode(entry) != line:
         return line
     return _encoder.encode((entry.id, entry.parent_id, entry.timestamp, _body(entry.message)))
+
+
+def encode_compact(entry: Entry, *, session_id: str | None = None) -> tuple[bytes, bytes]:
+    """``encode_entry(entry)`` and that line's ``compact_line``, from one encode and decode.
+
+    The file store writes both forms' worth of work on every append; the
+    check's decode already holds the entry the compact form is made from.
+    """
+    line, back = _check(entry, session_id)
+    if type(back) is MessageEntry and line.startswith(b'{"type":"message",'):
+        return line, _compact_of(back, line)
+    return line, line
 
 
 def expand_line(line: bytes) -> bytes:

@@ -140,6 +140,7 @@ from threadline.session._codec import (
     decode_body,
     decode_init,
     decode_lines,
+    encode_compact,
     encode_entry,
     encode_init,
     expand_line,
@@ -343,6 +344,10 @@ class _KnownIds:
 
     def add(self, ids: Sequence[str], data: bytes, offset: int) -> None:
         """Record a batch's ids, its framed lines ``data`` about to be written at ``offset``."""
+        if data.find(b"\n") == len(data) - 1:  # one line holds them all
+            for entry_id in ids:
+                self.ids[entry_id] = offset
+            return
         for entry_id, start in zip(ids, _line_starts(data, len(ids)), strict=True):
             self.ids[entry_id] = offset + start
 
@@ -465,11 +470,14 @@ def _ids_in(lines: memoryview) -> list[str]:
 class _Batch:
     """One ``append_entries`` call's encoded lines, and why it was refused, if it was."""
 
-    __slots__ = ("ids", "lines", "refused")
+    __slots__ = ("compact", "ids", "lines", "refused")
 
-    def __init__(self, lines: list[bytes], ids: Sequence[str]) -> None:
+    def __init__(self, lines: list[bytes], ids: Sequence[str],
+                 compact: list[bytes] | None = None) -> None:
         self.lines = lines
         self.ids = ids
+        self.compact = compact
+        """The lines in their format version 3 form, where the caller made them."""
         self.refused: StoreError | None = None
 
 
@@ -485,11 +493,14 @@ class _WouldBlock(Exception):
 class _Rung:
     """A session whose appends an event loop writes, their fdatasync through io_uring."""
 
-    __slots__ = ("abandoned", "end", "group", "idle", "log", "loop", "ring")
+    __slots__ = ("abandoned", "end", "group", "idle", "log", "loop", "ring", "synced")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Ring) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Ring, store: FileStore,
+                 session_id: str) -> None:
         self.loop = loop
         self.ring = ring
+        self.synced = functools.partial(store._ring_synced, session_id, self)
+        """What the ring calls with the outcome of this session's fdatasync."""
         self.log: _OpenLog | None = None
         """The file a sync is in flight for: locked until the kernel is done."""
         self.group: list[_Waiter] = []
@@ -505,13 +516,14 @@ class _Rung:
 class _Waiter(_Batch):
     """An ``append_entries`` call waiting for the write that includes its lines."""
 
-    __slots__ = ("future", "loop")
+    __slots__ = ("future", "loop", "size")
 
     def __init__(self, lines: list[bytes], ids: Sequence[str],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(lines, ids)
+                 loop: asyncio.AbstractEventLoop, compact: list[bytes] | None = None) -> None:
+        super().__init__(lines, ids, compact)
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
+        self.size = sum(map(len, lines))
 
 
 def _wake(group: Sequence[_Waiter], error: BaseException | None,
@@ -545,6 +557,16 @@ def _settle(waiters: Sequence[_Waiter], error: BaseException | None) -> None:
             future.set_result(None)
         else:
             future.set_exception(failure)
+
+
+def _alone(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no other callback is due before ``loop`` next waits for events.
+
+    Asks the standard loop's own queue; any other loop is assumed busy, so
+    its appends keep starting one turn later.
+    """
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -588,6 +610,8 @@ class FileStore:
         # Busy sessions an event loop writes through io_uring (fsync only).
         self._rung: dict[str, _Rung] = {}
         self._executor: ThreadPoolExecutor | None = None
+        # Read once: S44's switch, for the stores made after it is set.
+        self._ring = durability == "fsync" and os.environ.get("THREADLINE_IO_URING") != "0"
         self._catalog: _Catalog | None = None
         # Entry ids of sessions loaded but not open for appending (see _KnownIds).
         self._loaded_ids: dict[str, tuple[int, int, _KnownIds | tuple[list[str], int]]] = {}
@@ -629,33 +653,38 @@ class FileStore:
         check_session_id(session_id)
         self._check_writable(session_id)
         # Encoding checks every entry (InvalidEntry) before anything is read
-        # from it or written.
-        if len(entries) <= _INLINE_MAX_ENTRIES:
-            lines = [encode_entry(entry, session_id=session_id) for entry in entries]
-        else:  # checking a big batch takes long enough to stall the event loop
-            lines = await asyncio.to_thread(
-                lambda: [encode_entry(entry, session_id=session_id) for entry in entries])
-        ids = [e.id for e in entries]
-        if len(set(ids)) < len(ids):
-            raise _repeats(session_id, self.path_for(session_id), "within the batch")
+        # from it or written. The version 3 lines come from the same encode.
+        if len(entries) == 1:
+            line, small = encode_compact(entries[0], session_id=session_id)
+            lines, compact, ids = [line], [small], [entries[0].id]
+        else:
+            lines, compact, ids = await self._encode_batch(session_id, entries)
         if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
-                and self._write_inline(session_id, _Batch(lines, ids))):
+                and self._write_inline(session_id, _Batch(lines, ids, compact))):
             return
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(lines, ids, loop)
-        ring = ring_for(loop) if self.durability == "fsync" else None
+        waiter = _Waiter(lines, ids, loop, compact)
+        ring = ring_for(loop) if self._ring else None
+        now: tuple[_Rung, _OpenLog | None] | None = None
         with self._lock:
             queue = self._queues.get(session_id)
             if queue is None:
-                self._queues[session_id] = [waiter]
                 self._sweep_locked()
                 # Started once the tasks running now have queued their appends
                 # too, so that one write takes them all (S34): callbacks made
-                # due now run after those already due.
+                # due now run after those already due. Where no other callback
+                # is due before the loop next waits, none of them can join it,
+                # and the write starts at once.
                 if ring is not None:
-                    fresh = self._rung[session_id] = _Rung(loop, ring)
-                    loop.call_soon(self._ring_next_group, session_id, fresh)
+                    fresh = self._rung[session_id] = _Rung(loop, ring, self, session_id)
+                    if _alone(loop):
+                        self._queues[session_id] = []
+                        now = fresh, self._logs.pop(session_id, None)
+                    else:
+                        self._queues[session_id] = [waiter]
+                        loop.call_soon(self._ring_next_group, session_id, fresh)
                 else:
+                    self._queues[session_id] = [waiter]
                     self._unstarted[session_id] = loop
                     loop.call_soon(self._start_drain, session_id)
             else:
@@ -668,7 +697,22 @@ class FileStore:
                 rung = self._rung.get(session_id)
                 if rung is not None and rung.loop.is_closed():
                     self._abandon_locked(session_id, rung)
+        if now is not None:
+            self._ring_write(session_id, now[0], [waiter], now[1])
         await waiter.future
+
+    async def _encode_batch(self, session_id: str, entries: Sequence[Entry]
+                            ) -> tuple[list[bytes], list[bytes], list[str]]:
+        """The lines, version 3 lines and ids of a call of several entries, checked."""
+        if len(entries) <= _INLINE_MAX_ENTRIES:
+            pairs = [encode_compact(entry, session_id=session_id) for entry in entries]
+        else:  # checking a big batch takes long enough to stall the event loop
+            pairs = await asyncio.to_thread(
+                lambda: [encode_compact(entry, session_id=session_id) for entry in entries])
+        ids = [e.id for e in entries]
+        if len(set(ids)) < len(ids):
+            raise _repeats(session_id, self.path_for(session_id), "within the batch")
+        return [p[0] for p in pairs], [p[1] for p in pairs], ids
 
     def _start_drain(self, session_id: str) -> None:
         with self._lock:
@@ -902,10 +946,12 @@ class FileStore:
         thread, which may read, wait or fsync as long as it needs; so do
         calls from other event loops, as a worker does not end with this one.
         """
-        if any(waiter.loop is not rung.loop for waiter in group):
-            with self._lock:
-                self._to_worker_locked(session_id, log, group)
-            return
+        loop = rung.loop
+        for waiter in group:
+            if waiter.loop is not loop:
+                with self._lock:
+                    self._to_worker_locked(session_id, log, group)
+                return
         try:
             log, size = self._lock_log(session_id, log, block=False)
         except _WouldBlock as busy:
@@ -920,7 +966,8 @@ class FileStore:
             # Where this store wrote last, the file ends with a whole line.
             if ((behind and (behind > _CATCH_UP_ON_LOOP
                              or os.pread(log.fd, 1, size - 1) != b"\n"))
-                    or sum(len(line) for b in group for line in b.lines) > _WRITE_ON_LOOP):
+                    or (group[0].size if len(group) == 1 else sum(w.size for w in group))
+                    > _WRITE_ON_LOOP):
                 fcntl.flock(log.fd, fcntl.LOCK_UN)
                 with self._lock:
                     self._to_worker_locked(session_id, log, group)
@@ -934,8 +981,9 @@ class FileStore:
                     _write_all(log.fd, data)
                 except OSError as exc:
                     self._undo_write(log.fd, size, log.path, session_id, exc)
+                rung.ring.fdatasync(log.fd, rung.synced)
+                # The ring reports on this loop, so after these are set.
                 rung.log, rung.group, rung.end = log, group, size + len(data)
-                rung.ring.fdatasync(log.fd, functools.partial(self._ring_synced, session_id, rung))
                 return
             fcntl.flock(log.fd, fcntl.LOCK_UN)
         except Exception as exc:
@@ -946,23 +994,49 @@ class FileStore:
         self._ring_done(session_id, rung, group, log, None)
 
     def _ring_synced(self, session_id: str, rung: _Rung, synced: int) -> None:
-        """The ring's report of a group's fdatasync, on the loop: settle it, go on."""
+        """The ring's report of a group's fdatasync, on the loop: settle it, go on.
+
+        On success the file is unlocked and the callers settled at once;
+        caching the file and writing the next group wait one turn, until
+        they have resumed: what a caller waits for ends with the sync.
+        ``rung.log`` stays set until then, so a store that takes over after
+        this loop closed (``_abandon_locked``) still closes the file.
+        """
         with self._lock:
-            log, group, rung.log, rung.group = rung.log, rung.group, None, []
+            log, group, rung.group = rung.log, rung.group, []
             if rung.abandoned or log is None:  # its taker closed the file, owns the session
                 return
-        kept: _OpenLog | None = log
-        error: Exception | None = None
-        try:
             if synced < 0:
-                raise self._poison(session_id, f"fdatasync of {log.path} failed",
-                                   OSError(-synced, os.strerror(-synced)))
+                rung.log = None
+        if synced >= 0:
             log.known.size = rung.end
-            fcntl.flock(log.fd, fcntl.LOCK_UN)
-        except Exception as exc:
-            kept, error = None, self._append_error(session_id, exc)
-            os.close(log.fd)
-        self._ring_done(session_id, rung, group, kept, error)
+            try:
+                fcntl.flock(log.fd, fcntl.LOCK_UN)
+            except OSError:  # closing releases it; the next append opens the file afresh
+                with self._lock:
+                    rung.log = None
+                os.close(log.fd)
+            _settle(group, None)
+            rung.loop.call_soon(self._ring_settled, session_id, rung)
+            return
+        error = self._poison(session_id, f"fdatasync of {log.path} failed",
+                             OSError(-synced, os.strerror(-synced)))
+        os.close(log.fd)
+        self._ring_done(session_id, rung, group, None, error)
+
+    def _ring_settled(self, session_id: str, rung: _Rung) -> None:
+        """After a synced group's callers resumed: keep its file open, go on with the session.
+
+        Those callers ran first, so what they append next is queued by now
+        and goes in one group.
+        """
+        with self._lock:
+            log, rung.log = rung.log, None
+            if rung.abandoned:
+                return
+            if log is not None:
+                self._cache_locked(session_id, log)
+        self._ring_next_group(session_id, rung)
 
     def _ring_done(self, session_id: str, rung: _Rung, done: list[_Waiter],
                    log: _OpenLog | None, error: BaseException | None) -> None:
@@ -1149,7 +1223,7 @@ class FileStore:
         admitted: list[bytes] = []
         pending = 0
         for batch in batches:
-            data = frame(batch.lines, version=log.version)
+            data = frame(batch.lines, version=log.version, compact=batch.compact)
             if known.ids.keys().isdisjoint(batch.ids):
                 known.add(batch.ids, data, base + pending)
                 admitted.append(data)

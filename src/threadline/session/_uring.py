@@ -125,8 +125,13 @@ class Ring:
                                mmap.PROT_READ | mmap.PROT_WRITE, offset=_OFF_SQES)
         self._maps.append(self._sqes)
         self._rings = rings
-        self._sq_tail, self._sq_flags, self._sq_array = sq_off[1], sq_off[4], sq_off[6]
+        self._sq_tail, self._sq_flags = sq_off[1], sq_off[4]
         self._sq_mask = _U32.unpack_from(rings, sq_off[2])[0]
+        # Slot i of the submission array always names entry i: set once.
+        for slot in range(sq_entries):
+            _U32.pack_into(rings, sq_off[6] + slot * 4, slot)
+        # Only this ring's loop submits, so the tail is ours to keep.
+        self._tail = _U32.unpack_from(rings, self._sq_tail)[0]
         self._cq_head, self._cq_tail = cq_off[0], cq_off[1]
         self._cq_mask = _U32.unpack_from(rings, cq_off[2])[0]
         self._cqes = cq_off[5]
@@ -139,15 +144,13 @@ class Ring:
         the loop. It must not raise (what it raises goes to the loop's
         exception handler).
         """
-        self._next += 1
-        key = self._next
-        tail = _U32.unpack_from(self._rings, self._sq_tail)[0]
-        slot = tail & self._sq_mask
-        _SQE.pack_into(self._sqes, slot * _SQE.size,
+        self._next = key = self._next + 1
+        tail = self._tail
+        _SQE.pack_into(self._sqes, (tail & self._sq_mask) * _SQE.size,
                        _OP_FSYNC, 0, 0, fd, 0, 0, 0, _FSYNC_DATASYNC, key, 0, 0, 0, 0, 0)
-        _U32.pack_into(self._rings, self._sq_array + slot * 4, slot)
         # The kernel reads the tail inside io_uring_enter, after these stores.
-        _U32.pack_into(self._rings, self._sq_tail, (tail + 1) & 0xFFFFFFFF)
+        self._tail = tail = (tail + 1) & 0xFFFFFFFF
+        _U32.pack_into(self._rings, self._sq_tail, tail)
         self._pending[key] = done
         if _shared.syscall(_SYS_ENTER, self.fd, 1, 0, 0, 0, 0) != 1:
             del self._pending[key]
@@ -168,8 +171,10 @@ class Ring:
         return future
 
     def _reap(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:  # noqa: SIM105 (contextlib.suppress costs two calls on every report)
             os.eventfd_read(self._efd)
+        except BlockingIOError:
+            pass
         rings = self._rings
         head = _U32.unpack_from(rings, self._cq_head)[0]
         while True:
@@ -212,9 +217,11 @@ class Ring:
 
 
 def ring_for(loop: asyncio.AbstractEventLoop) -> Ring | None:
-    """The running loop's ring, set up on first use; None where io_uring cannot be used."""
-    if os.environ.get("THREADLINE_IO_URING") == "0":
-        return None
+    """The running loop's ring, set up on first use; None where io_uring cannot be used.
+
+    ``THREADLINE_IO_URING=0`` is for the caller to read (``FileStore`` reads
+    it once, when it is made): not here, on every append.
+    """
     ring = _shared.rings.get(loop)
     if ring is not None or _shared.unusable is not None:
         return ring
