@@ -31,6 +31,7 @@ from threadline.session._codec import (
     decode_entry,
     decode_init,
     decode_lines,
+    encode_compact,
     encode_entry,
     encode_init,
     expand_line,
@@ -643,6 +644,7 @@ def test_s35_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) ->
     assert decode_lines(compact + b"\n") == [entry]
     assert compact_line(encode_entry(back)) == compact  # the same bytes every time
     assert compact.startswith(b"[") is (entry.origin_id is None)
+    assert encode_compact(entry) == (line, compact)  # the file store's one-pass form
 
 
 @settings(max_examples=100, deadline=None)
@@ -651,6 +653,9 @@ def test_s35_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -
     lines = [encode_entry(e) for e in batch]
     one_call = frame(lines, version=3)
     assert one_call.count(b"\n") == 1  # still one line per call (S14)
+    compact = [compact_line(line) for line in lines]
+    assert [encode_compact(e) for e in batch] == list(zip(lines, compact, strict=True))
+    assert frame(lines, version=3, compact=compact) == one_call
     each = b"".join(frame([line], version=3) for line in lines)
     assert decode_lines(one_call) == batch
     assert decode_lines(each) == batch

@@ -409,25 +409,25 @@ def compact_line(line: bytes) -> bytes:
         entry = _message_decoder.decode(line)
     except msgspec.DecodeError:
         return line
-    return _compact_of(entry, line)
-
-
-def _compact_of(entry: MessageEntry, line: bytes) -> bytes:
-    """``compact_line(line)`` for ``entry``, the message entry decoded from ``line``."""
     if entry.origin_id is not None or _encoder.encode(entry) != line:
         return line
+    return _compact(entry)
+
+
+def _compact(entry: MessageEntry) -> bytes:
     return _encoder.encode((entry.id, entry.parent_id, entry.timestamp, _body(entry.message)))
 
 
 def encode_compact(entry: Entry, *, session_id: str | None = None) -> tuple[bytes, bytes]:
-    """``encode_entry(entry)`` and that line's ``compact_line``, from one encode and decode.
+    """``encode_entry(entry)`` and ``compact_line`` of that line, with one encode and decode.
 
-    The file store writes both forms' worth of work on every append; the
-    check's decode already holds the entry the compact form is made from.
+    The entry the check decoded back is what the compact form is made of.
+    A plain ``MessageEntry`` there came from a line this version wrote, which
+    is what ``compact_line`` re-encodes a line from elsewhere to find out.
     """
     line, back = _check(entry, session_id)
-    if type(back) is MessageEntry and line.startswith(b'{"type":"message",'):
-        return line, _compact_of(back, line)
+    if type(back) is MessageEntry and back.origin_id is None:
+        return line, _compact(back)
     return line, line
 
 
