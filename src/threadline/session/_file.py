@@ -520,7 +520,9 @@ class _Waiter(_Batch):
 
     def __init__(self, lines: list[bytes], ids: Sequence[str],
                  loop: asyncio.AbstractEventLoop, compact: list[bytes] | None = None) -> None:
-        super().__init__(lines, ids, compact)
+        # _Batch's fields set here, not by a call to its __init__: one frame
+        # less on every append.
+        self.lines, self.ids, self.compact, self.refused = lines, ids, compact, None
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
         self.size = sum(map(len, lines))
@@ -1220,6 +1222,11 @@ class FileStore:
         # The write goes at the last line boundary (_repair_tail cuts a torn
         # tail back to it), so the admitted lines land at known.size onwards.
         base = known.size
+        if len(batches) == 1 and known.ids.keys().isdisjoint(batches[0].ids):
+            batch = batches[0]  # the common case, without the lists
+            data = frame(batch.lines, version=log.version, compact=batch.compact)
+            known.add(batch.ids, data, base)
+            return data
         admitted: list[bytes] = []
         pending = 0
         for batch in batches:
