@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -529,7 +530,11 @@ async def test_s42_a_failed_group_commit_fails_every_call_in_it_and_stores_none(
     pytest.fail("in 8 runs no group commit failed as a whole")
 
 
-def _race_close_once(path: Path) -> list[str]:
+def _race_close_once(
+        path: Path, burst: Callable[[SQLiteStore], list[Awaitable[object]]] | None = None,
+        served: list[object] | None = None) -> list[str]:
+    """Two threads' loops make bursts of calls (``burst``, 50 ``load_session`` by
+    default) until close() on this one refuses them; their results go to ``served``."""
     store = SQLiteStore(path)
     asyncio.run(store.create_session(SessionRecord(id="s")))
     outcomes: list[str] = []
@@ -539,7 +544,7 @@ def _race_close_once(path: Path) -> list[str]:
         while True:
             # A burst of calls: each one checks and queues in turn, so the
             # other thread's close() has many windows to land in.
-            calls = [store.load_session("s") for _ in range(50)]
+            calls = (burst or (lambda s: [s.load_session("s") for _ in range(50)]))(store)
             try:
                 results = await asyncio.wait_for(
                     asyncio.gather(*calls, return_exceptions=True), 10)
@@ -547,6 +552,8 @@ def _race_close_once(path: Path) -> list[str]:
                 outcomes.append("hung")
                 return
             started.set()
+            if served is not None:
+                served.extend(results)
             errors = [r for r in results if isinstance(r, BaseException)]
             for error in errors:
                 assert isinstance(error, StoreError), repr(error)

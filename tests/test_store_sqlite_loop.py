@@ -31,6 +31,7 @@ from store_kinds import run_threads
 # The ring's test doubles are the file store's (S44): skip without io_uring,
 # and a hook between the store and the ring that delays or changes a report.
 from test_store_file_uring import Done, Submit, Wait, _patch_ring, _slow_ring, ring
+from test_store_sqlite import _race_close_once
 from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError, StoreError
 from threadline.session import MessageEntry, SessionRecord, SQLiteStore, _sqlite, _uring
@@ -470,3 +471,24 @@ async def test_s46_kill_9_mid_append_leaves_each_batch_whole_or_absent(tmp_path:
     assert acked and acked <= stored
     for batch in tried:  # S14: whole or absent, whatever instant the kill landed at
         assert len(set(batch) & stored) in (0, 3)
+
+
+def test_s46_appends_from_other_loops_racing_close_are_stored_or_refused(
+        tmp_path: Path) -> None:
+    for round_ in range(10):
+        path = tmp_path / f"race-{round_}.db"
+        served: list[object] = []
+        # Eight appends at once: the first loop to append is the store's home
+        # and commits them itself; the other loop's queue behind, for the worker.
+        outcomes = _race_close_once(
+            path, lambda store: [store.append_entries("s", [_msg("x")]) for _ in range(8)],
+            served)
+        assert outcomes == ["refused", "refused"]
+        # Every acknowledged append is stored; a refused one never is (it was
+        # refused before it was queued).
+        assert asyncio.run(_count(path)) == sum(r is None for r in served)
+
+
+async def _count(path: Path) -> int:
+    async with SQLiteStore(path) as store:
+        return len(await store.load_entries("s"))
