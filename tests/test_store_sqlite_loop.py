@@ -164,6 +164,28 @@ async def test_s46_a_refused_call_fails_alone_and_a_retry_is_stored_once(
     await store.close()
 
 
+async def test_s46_a_retry_while_the_first_sync_is_in_flight_waits_for_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncs: Syncs
+) -> None:
+    store = await _started(tmp_path)
+    inflight, go = await _slow_ring(monkeypatch)
+    batch = [_msg("a"), _msg("b")]
+    first = asyncio.ensure_future(store.append_entries("s", batch))
+    await inflight.wait()
+    first.cancel()  # its caller gives up: the acknowledgement is lost (S25)
+    before = syncs.thread
+    retry = asyncio.ensure_future(store.append_entries("s", batch))
+    await asyncio.sleep(0.1)
+    # Stored already, and visible, but not yet durable: the retry is not
+    # acknowledged before a sync that covers it.
+    assert not retry.done()
+    go.set()
+    await asyncio.wait_for(retry, 10)
+    assert syncs.thread == before + 1  # the worker's check, then its own sync
+    assert _texts(await store.load_entries("s")) == ["first", "a", "b"]
+    await store.close()
+
+
 def _syncs_fail(monkeypatch: pytest.MonkeyPatch, held: asyncio.Event | None = None) -> None:
     """Every sync through the ring reports EIO (once ``held`` is set, if given)."""
     async def sync_fails(real: Wait, ring: Any, fd: int) -> int:
