@@ -108,6 +108,22 @@ async def test_s46_appends_commit_on_the_loop_and_sync_the_wal_through_the_ring(
     await store.close()
 
 
+async def test_s46_the_wal_synced_is_the_one_sqlite_writes_through_a_linked_folder(
+    tmp_path: Path, syncs: Syncs
+) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    store = SQLiteStore(tmp_path / "link" / "db.sqlite")
+    await store.create_session(SessionRecord(id="s"))
+    await store.append_entries("s", [_msg("first")])
+    await store.append_entries("s", [_msg("on the loop")])
+    # SQLite names the WAL after the resolved path; so does the store.
+    assert os.path.samestat(os.fstat(store._wal_fd),
+                            (tmp_path / "real" / "db.sqlite-wal").stat())
+    assert syncs.ring == 1
+    await store.close()
+
+
 async def test_s46_tasks_appending_in_a_loop_share_each_transaction_and_sync(
     tmp_path: Path, syncs: Syncs
 ) -> None:

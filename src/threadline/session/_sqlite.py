@@ -580,10 +580,11 @@ class SQLiteStore:
         resolved, plus ``-wal``); where it cannot be opened, or there is no
         fdatasync, SQLite syncs inside each commit as it did.
         """
-        row = conn.execute("SELECT file FROM pragma_database_list WHERE name = 'main'").fetchone()
-        if row is None or not row[0]:
+        # The PRAGMA rather than its table-valued form, which older SQLite lacks.
+        files = {name: file for _, name, file in conn.execute("PRAGMA database_list")}
+        if not files.get("main"):
             return
-        self._db_file = row[0]
+        self._db_file = files["main"]
         if self.synchronous == "FULL":
             if not hasattr(os, "fdatasync"):
                 return
