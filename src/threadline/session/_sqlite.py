@@ -1203,13 +1203,13 @@ class SQLiteStore:
 
         Returns what tells the close() callers, called once the thread is released."""
         error: BaseException | None = None
-        try:
-            for conn in (self._lconn, self._conn):
+        for conn in (self._lconn, self._conn):
+            try:
                 if conn is not None:
                     conn.close()
-            self._lconn = self._conn = None
-        except BaseException as exc:  # handed to each close() caller
-            error = exc
+            except BaseException as exc:  # handed to each close() caller
+                error = error or exc
+        self._lconn = self._conn = None
         for fd in (self._shm_fd, self._wal_fd):
             if fd >= 0:
                 os.close(fd)
