@@ -349,6 +349,39 @@ async def test_s46_a_long_wal_is_checkpointed_by_the_worker(
     await store.close()
 
 
+async def test_s46_a_wal_grown_past_its_bound_is_started_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await _started(tmp_path)
+    restarts: list[int] = []
+    real = SQLiteStore._restart_wal
+
+    def counted(self: SQLiteStore) -> None:
+        restarts.append(1)
+        real(self)
+
+    monkeypatch.setattr(SQLiteStore, "_restart_wal", counted)
+    # Another connection, with no checkpoint of its own, grows the WAL past
+    # 16 MiB, as writers of several processes do that no copy catches up with.
+    other = sqlite3.connect(tmp_path / "db.sqlite", isolation_level=None)
+    other.execute("PRAGMA wal_autocheckpoint=0")
+    other.execute("CREATE TABLE junk (x BLOB)")
+    other.execute("BEGIN")
+    other.executemany("INSERT INTO junk VALUES (?)", [(os.urandom(20_000),)] * 900)
+    other.execute("COMMIT")
+    other.close()
+
+    def frames() -> int:
+        return int.from_bytes(os.pread(store._shm_fd, 4, 16), sys.byteorder)
+
+    assert frames() >= _sqlite._WAL_MAX_FRAMES
+    for n in range(3):
+        await store.append_entries("s", [_msg(f"m{n}")])
+    assert restarts and frames() < _sqlite._CHECKPOINT_FRAMES
+    assert len(await store.load_entries("s")) == 4
+    await store.close()
+
+
 async def test_s46_a_big_batch_goes_to_the_worker(tmp_path: Path, syncs: Syncs) -> None:
     store = await _started(tmp_path)
     ring, thread = syncs.ring, syncs.thread
