@@ -56,8 +56,8 @@ wait goes to the worker, in call order: another connection's write lock
 loop, and a commit that would start the WAL over (its header sync) or find
 ``_CHECKPOINT_FRAMES`` of its frames not yet copied into the database (the
 worker's connection checkpoints after that commit), both told by the
-wal-index header. ``THREADLINE_IO_URING=0`` leaves
-every append to the worker.
+wal-index header; a WAL past ``_WAL_MAX_FRAMES`` gets a RESTART checkpoint
+from the worker. ``THREADLINE_IO_URING=0`` leaves every append to the worker.
 
 Concurrency: appends run under ``BEGIN IMMEDIATE``, so an entry's ``seq`` (its
 rowid, rising across the file) is taken while this connection holds the
