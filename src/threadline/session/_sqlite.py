@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import queue
 import sqlite3
@@ -1034,7 +1035,11 @@ class SQLiteStore:
         if home.syncing is None:
             return  # taken over by the worker: its callers' loop had closed
         (group, refused), home.syncing = home.syncing, None
-        error = None if result >= 0 else OSError(-result, os.strerror(-result))
+        error: OSError | None = None
+        try:
+            self._after_sync(result)
+        except OSError as exc:
+            error = exc
         _deliver_all(self._outcomes(group, refused, error, home.loop), home.loop)
         self._loop_next(home)
 
@@ -1136,6 +1141,19 @@ class SQLiteStore:
         """Make what this store committed durable: an fdatasync of the WAL (S46)."""
         if self._wal_fd >= 0:
             os.fdatasync(self._wal_fd)
+            self._after_sync(0)
+
+    def _after_sync(self, result: int) -> None:
+        """Raise the OSError a sync's ``result`` (0 or -errno) stands for.
+
+        Once one sync failed, none that follows proves anything: the kernel
+        reports a writeback error once per open file, so a later sync of the
+        same descriptor may succeed with the pages lost.
+        """
+        if result < 0:
+            raise OSError(-result, os.strerror(-result))
+        if self._poisoned is not None:
+            raise OSError(errno.EIO, "an earlier write or sync of this store failed")
 
     def _durable(self, what: str, session_id: str | None) -> None:
         try:
