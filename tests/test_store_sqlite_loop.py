@@ -349,10 +349,17 @@ async def test_s46_a_long_wal_is_checkpointed_by_the_worker(
     await store.close()
 
 
+@pytest.mark.parametrize("on_loop", [True, False], ids=["loop", "worker only"])
 async def test_s46_a_wal_grown_past_its_bound_is_started_over(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_loop: bool
 ) -> None:
-    store = await _started(tmp_path)
+    if on_loop:
+        store = await _started(tmp_path)
+    else:
+        monkeypatch.setenv("THREADLINE_IO_URING", "0")
+        store = SQLiteStore(tmp_path / "db.sqlite")
+        await store.create_session(SessionRecord(id="s"))
+        await store.append_entries("s", [_msg("first")])
     restarts: list[int] = []
     real = SQLiteStore._restart_wal
 
@@ -379,6 +386,7 @@ async def test_s46_a_wal_grown_past_its_bound_is_started_over(
         await store.append_entries("s", [_msg(f"m{n}")])
     assert restarts and frames() < _sqlite._CHECKPOINT_FRAMES
     assert len(await store.load_entries("s")) == 4
+    assert (store._lconn is not None) is on_loop
     await store.close()
 
 

@@ -608,7 +608,9 @@ class SQLiteStore:
                 os.close(wal)
                 raise
             self._wal_fd = wal
-        self._loop_possible = True
+        with contextlib.suppress(OSError):  # the wal-index, read for _wal_frames
+            self._shm_fd = os.open(self._db_file + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+        self._loop_possible = self._shm_fd >= 0
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         def current() -> int:
@@ -843,6 +845,7 @@ class SQLiteStore:
                 # Before the group's callers hear back: their next appends find it open.
                 self._open_loop_connection()
             outcomes = self._commit_group(group)
+            self._wal_frames()  # a RESTART checkpoint next, if the WAL is too long
         with self._queued_guard:
             if self._queued:
                 # A job of its own per group: calls queued meanwhile run in between.
@@ -1062,20 +1065,35 @@ class SQLiteStore:
             _deliver_all(self._outcomes(group, refused, None, None), None)
         self._drain()
 
-    def _wal_allows_loop_commit(self) -> bool:
-        """Whether a commit now only writes frames: no WAL header, no checkpoint.
+    def _wal_frames(self) -> tuple[int, int] | None:
+        """The WAL's frames and how many are copied into the database; None if unknown.
 
-        Read from the wal-index without a lock: a stale answer costs at most
-        one header sync on the loop, or one group on the worker.
+        Read from the wal-index without a lock, so possibly stale. Asks the
+        worker for a RESTART checkpoint once the WAL is _WAL_MAX_FRAMES long
+        (any caller holds a group, so close() has not queued its last call).
         """
         try:
             head = os.pread(self._shm_fd, _SHM_HEAD, 0)
         except OSError:
-            return False
+            return None
         if len(head) < _SHM_HEAD or _U32.unpack_from(head, 0)[0] != _SHM_VERSION or not head[12]:
-            return False
+            return None
         frames: int = _U32.unpack_from(head, 16)[0]
-        copied: int = _U32.unpack_from(head, 96)[0]
+        if frames >= _WAL_MAX_FRAMES and not self._restarting:
+            self._restarting = True
+            self._worker.post(self._restart_wal)
+        return frames, _U32.unpack_from(head, 96)[0]
+
+    def _wal_allows_loop_commit(self) -> bool:
+        """Whether a commit now only writes frames: no WAL header, no checkpoint.
+
+        A stale answer costs at most one header sync on the loop, or one
+        group on the worker.
+        """
+        wal = self._wal_frames()
+        if wal is None:
+            return False
+        frames, copied = wal
         # Every frame copied (or none yet): the next commit starts the WAL
         # over and syncs its new header. Many frames not copied: the next
         # commit copies them into the database (the worker's connection
@@ -1086,9 +1104,6 @@ class SQLiteStore:
         # writing a copy seldom completes, and the WAL's length alone sent
         # most commits here (8 processes: 30% of groups on the loop, against
         # 55-58%).
-        if frames >= _WAL_MAX_FRAMES and not self._restarting:
-            self._restarting = True
-            self._worker.post(self._restart_wal)  # never _Ended: a group is in hand
         return frames != copied and frames - copied < _CHECKPOINT_FRAMES
 
     def _restart_wal(self) -> None:
@@ -1125,14 +1140,12 @@ class SQLiteStore:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA wal_autocheckpoint=0")
                 conn.execute("SELECT 1 FROM sessions LIMIT 1").fetchall()
-                shm = os.open(self._db_file + "-shm", os.O_RDONLY | os.O_CLOEXEC)
             except BaseException:
                 conn.close()
                 raise
-        except (OSError, sqlite3.Error):
+        except sqlite3.Error:
             self._loop_possible = False  # the worker commits every append, as before
             return
-        self._shm_fd = shm
         self._lconn = conn
 
     # -- durability ---------------------------------------------------------------
