@@ -26,11 +26,13 @@ Two more tables, same run:
 - one process, one session, appends one after another against the bare loop
   of the floor's write, in alternating blocks (median of the paired ratios);
 - SQLite only: the one-process floor write made on the store's own thread
-  (through its hop); 8 tasks of one process each appending to its own
-  session against as many floor writes in a row, the store grouping queued
-  appends into one commit (S42) and, switched in here, one transaction each
-  as before; opening a store plus its first load against a load on an open
-  store, waking a released thread or starting one as before, alternating;
+  (through its hop), and the store with its appends on its worker thread
+  only (as where io_uring is off, S46); 8 tasks of one process each
+  appending to its own session against as many floor writes in a row, the
+  store grouping queued appends into one commit (S42), committed on the event
+  loop (S46) and, switched in here, on the worker only; opening a store plus
+  its first load against a load on an open store, waking a released thread
+  or starting one as before, alternating;
 - bytes stored for the ``bench/peers.py`` workload (400-character messages of
   random base64, user and assistant in turn) over the raw payload, at two
   sizes, and the bytes each further entry adds (fixed per-table pages cancel).
@@ -46,6 +48,7 @@ the PostgresStore's column type.
 
     .venv/bin/python bench/sql_stores.py [--processes 8 --sessions 50 --appends 100]
     .venv/bin/python bench/sql_stores.py --stores file --file-as hop
+    .venv/bin/python bench/sql_stores.py --stores sqlite --worker-only
 
 ``--file-as floor`` puts the file floor's own write in the store's place (an
 A/A run: what the bench gives two identical writes), ``--file-as hop`` that
@@ -65,6 +68,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import multiprocessing
 import os
@@ -77,7 +81,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -98,7 +102,7 @@ from threadline.session import (
 )
 from threadline.session._codec import encode_entry
 from threadline.session._rows import compact
-from threadline.session._sqlite import _BUSY_SLICE, _answer_after
+from threadline.session._sqlite import _BUSY_SLICE
 
 PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 RESULTS = Path(__file__).parent / "results" / "sql_stores.json"
@@ -301,6 +305,40 @@ def _prepare_floor(kind: str, target: str, schema: str) -> None:
             conn.execute("CREATE INDEX floor_order ON floor (session)")
 
 
+Run = Callable[[], Awaitable[None]]
+
+
+class _Chain:
+    """Appends of one entry each to one session; a block's entries are made
+    before the clock starts (the caller's work, as the floor's row is made
+    before its clock)."""
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self.store, self.session_id = store, session_id
+        self.parent: str | None = None
+
+    def block(self, size: int, r: int) -> Run:
+        entries = []
+        for _ in range(size):
+            entries.append(_entry(self.parent, 0, r))
+            self.parent = entries[-1].id
+
+        async def run() -> None:
+            for entry in entries:
+                await self.store.append_entries(self.session_id, [entry])
+
+        return run
+
+
+def _numbered_block(write: Callable[[int], Awaitable[None]], n: Iterator[int], size: int,
+                    r: int) -> Run:
+    async def run() -> None:
+        for _ in range(size):
+            await write(next(n))
+
+    return run
+
+
 async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
                       block: int = 25) -> dict[str, Any]:
     """One process appending to one session, one entry at a time, against the bare
@@ -309,48 +347,55 @@ async def one_process(kind: str, target: str, schema: str, *, rounds: int = 20,
     await store.create_session(SessionRecord(id="solo"))
     floor_sid = "w0-s999"  # a floor session of its own (key 999)
     floor = _floor_op(kind, target, schema, [floor_sid], encode_entry(_entry(None, 0, 0)))
-    parent: str | None = None
-    n = 10_000_000
-    store_us: list[float] = []
-    floor_us: list[float] = []
-    third_us: list[float] = []
+    n = itertools.count(10_000_000)
+
+    def floor_block(size: int, r: int) -> Run:
+        async def run() -> None:
+            for _ in range(size):
+                floor(floor_sid, next(n))
+
+        return run
+
+    blocks: dict[str, Callable[[int, int], Run]] = {"store": _Chain(store, "solo").block,
+                                                     "floor": floor_block}
     third, name, async_floor = await _third_write(kind, store, target, schema, floor_sid)
-    parts = (0, 1, 2) if third is not None else (0, 1)
+    if third is not None:
+        blocks[name] = partial(_numbered_block, third, n)
+    # SQLite: the same store with its appends on its worker thread only, as
+    # where io_uring is off (S46), on a session of its own.
+    on_worker = await _worker_only(target) if kind == "sqlite" else None
+    if on_worker is not None:
+        await on_worker.create_session(SessionRecord(id="solo-worker"))
+        blocks["worker"] = _Chain(on_worker, "solo-worker").block
+    us: dict[str, list[float]] = {part: [] for part in blocks}
+    parts = list(blocks)
     for r in range(rounds):
         for part in (parts if r % 2 == 0 else parts[::-1]):
-            # The entries are made before the clock starts: that is the
-            # caller's work, as the floor's row is made before its clock.
-            entries = []
-            for _ in range(block if part == 0 else 0):
-                entries.append(_entry(parent, 0, r))
-                parent = entries[-1].id
+            run = blocks[part](block, r)
             t0 = time.perf_counter()
-            if part == 0:
-                for entry in entries:
-                    await store.append_entries("solo", [entry])
-                store_us.append((time.perf_counter() - t0) / block * 1e6)
-            elif part == 1:
-                for _ in range(block):
-                    floor(floor_sid, n)
-                    n += 1
-                floor_us.append((time.perf_counter() - t0) / block * 1e6)
-            else:
-                assert third is not None
-                for _ in range(block):
-                    await third(n)
-                    n += 1
-                third_us.append((time.perf_counter() - t0) / block * 1e6)
-    await store.close()  # type: ignore[attr-defined]
-    if async_floor is not None:
-        await async_floor.close()
-    ratios = [f / st for f, st in zip(floor_us, store_us, strict=True)]
-    out = {"rounds": rounds, "block": block, "store_us": statistics.median(store_us),
-           "floor_us": statistics.median(floor_us), "rate_vs_floor": statistics.median(ratios),
-           "ratios_min_max": [min(ratios), max(ratios)]}
-    if third_us:
-        out[f"{name}_us"] = statistics.median(third_us)
-        out[f"rate_vs_{name}"] = statistics.median(
-            [h / st for h, st in zip(third_us, store_us, strict=True)])
+            await run()
+            us[part].append((time.perf_counter() - t0) / block * 1e6)
+    for closing in (store, on_worker, async_floor):
+        if closing is not None:
+            await closing.close()  # type: ignore[attr-defined]
+    return {"rounds": rounds, "block": block, **_paired(us, name)}
+
+
+def _paired(us: dict[str, list[float]], third: str) -> dict[str, Any]:
+    """Medians of each write's block times, and of the paired rate ratios."""
+    def median_ratio(a: str, b: str) -> float:
+        return statistics.median([x / y for x, y in zip(us[a], us[b], strict=True)])
+
+    ratios = [f / st for f, st in zip(us["floor"], us["store"], strict=True)]
+    out = {"store_us": statistics.median(us["store"]), "floor_us": statistics.median(us["floor"]),
+           "rate_vs_floor": statistics.median(ratios),
+           "ratios_min_max": [min(ratios), max(ratios)], "load": os.getloadavg()[0]}
+    if third in us:
+        out[f"{third}_us"] = statistics.median(us[third])
+        out[f"rate_vs_{third}"] = median_ratio(third, "store")
+    if "worker" in us:
+        out["worker_us"] = statistics.median(us["worker"])
+        out["worker_rate_vs_floor"] = median_ratio("floor", "worker")
     return out
 
 
@@ -404,26 +449,23 @@ async def _async_floor(target: str, schema: str) -> _AsyncFloor:
     return _AsyncFloor(conn, query, (code, key, key, ts, data))
 
 
-def _one_at_a_time(store: SQLiteStore) -> None:
-    """The store before S42: every queued append in a transaction of its own."""
-    with store._queued_guard:
-        queued, store._queued = store._queued, []
-    conn = store._connection()
-    for a in queued:
-        if not a.done.cancelled():
-            _answer_after(a, partial(store._commit_one, conn, a))
+async def _worker_only(target: str) -> SQLiteStore:
+    """A store whose appends its worker thread commits, as where io_uring is off (S46)."""
+    store = SQLiteStore(target)
+    await store._call(lambda conn: None)  # opened: the loop's commits are now ruled out
+    store._loop_possible = False
+    return store
 
 
 async def tasks_at_once(target: str, *, tasks: int = 8, appends: int = 10,
                         rounds: int = 16) -> dict[str, Any]:
     """``tasks`` tasks of one process, each appending to its own session, against
     the same number of bare floor writes one after another; and the store with
-    its appends one transaction each (before S42), alternating blocks."""
+    its appends grouped on its worker thread only (where io_uring is off, S46),
+    alternating blocks."""
     floor_sid = "w0-s997"
     floor = _floor_op("sqlite", target, "", [floor_sid], encode_entry(_entry(None, 0, 0)))
-    grouped, single = SQLiteStore(target), SQLiteStore(target)
-    single._commit_queued = partial(_one_at_a_time, single)  # type: ignore[method-assign]
-    stores = {"grouped": grouped, "one at a time": single}
+    stores = {"grouped": SQLiteStore(target), "worker only": await _worker_only(target)}
     parents: dict[str, str | None] = {}
     for name, store in stores.items():
         for t in range(tasks):
@@ -436,7 +478,7 @@ async def tasks_at_once(target: str, *, tasks: int = 8, appends: int = 10,
             await stores[name].append_entries(sid, [entry])
             parents[sid] = entry.id
 
-    us: dict[str, list[float]] = {"grouped": [], "one at a time": [], "floor": []}
+    us: dict[str, list[float]] = {"grouped": [], "worker only": [], "floor": []}
     n = 20_000_000
     for r in range(rounds):
         for part in (list(us) if r % 2 == 0 else list(us)[::-1]):
@@ -712,7 +754,18 @@ def _keep_others(results: dict[str, Any], chosen: list[str]) -> None:
         results.setdefault(key, v)
 
 
-def main() -> None:
+def _results_head(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "processes": args.processes, "sessions_per_process": args.sessions,
+        "appends_per_session": args.appends, "floor_every": args.floor_every,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "sqlite": sqlite3.sqlite_version, "platform": platform.platform()},
+        "stores": {}, "one_process": {}, "bytes": {},
+        "worker_only": args.worker_only,
+    }
+
+
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--sessions", type=int, default=50)
@@ -724,21 +777,24 @@ def main() -> None:
     ap.add_argument("--schema-prefix", default="tl_bench",
                     help="the scratch schema's name starts with this (runs side by side "
                          "keep apart)")
+    ap.add_argument("--worker-only", action="store_true",
+                    help="THREADLINE_IO_URING=0 for the whole run: SQLite and file stores "
+                         "write through their worker threads (S44, S46 off)")
     ap.add_argument("--file-as", choices=("store", "floor", "hop"), default="store",
                     help="in the file store's place: the floor's own write (an A/A run), "
                          "or that write on a worker thread; file only, not verified")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     chosen = args.stores.split(",")
+    if args.worker_only:
+        os.environ["THREADLINE_IO_URING"] = "0"  # the spawned workers inherit it
 
     schema = f"{args.schema_prefix}_{secrets.token_hex(4)}"
     work = Path(tempfile.mkdtemp(prefix="tl-bench-", dir=os.environ.get("BENCH_DIR")))
-    results: dict[str, Any] = {
-        "processes": args.processes, "sessions_per_process": args.sessions,
-        "appends_per_session": args.appends, "floor_every": args.floor_every,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "sqlite": sqlite3.sqlite_version, "platform": platform.platform()},
-        "stores": {}, "one_process": {}, "bytes": {},
-    }
+    results = _results_head(args)
     try:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {schema}")
@@ -768,6 +824,7 @@ def main() -> None:
                 "store": store, "floor": floor, "wall_s": wall,
                 "p50_vs_floor": store["p50_us"] / floor["p50_us"],
                 "throughput_vs_floor": store["ops_per_s"] / floor["ops_per_s"],
+                "load": os.getloadavg()[0],
             }
             if kind != "file":
                 _one_process_tables(kind, target, schema, work, results)
@@ -797,7 +854,7 @@ def _print_sqlite(r: dict[str, Any]) -> None:
               f"({t['appends']} appends each), against as many bare floor writes in a row "
               f"({t['floor_us']:.0f} us each)")
         print(f"{'appends':14} {'us/append':>10} {'rate vs floor':>14} {'(min..max)':>12}")
-        for name in ("grouped", "one at a time"):
+        for name in ("grouped", "worker only"):
             g = t[name]
             lo, hi = g["ratios_min_max"]
             print(f"{name:14} {g['us_per_append']:>10.0f} {g['rate_vs_floor']:>14.2f} "
@@ -814,6 +871,30 @@ def _print_sqlite(r: dict[str, Any]) -> None:
                   f"{c['min_us']:>6.0f}..{c['max_us']:<7.0f} {c['median_vs_warm']:>12.2f}")
 
 
+def _print_one_process(r: dict[str, Any]) -> None:
+    if not r["one_process"]:
+        return
+    print("\nOne process, one session, one entry per append, alternating blocks with "
+          "the bare floor write")
+    print(f"{'store':9} {'store us':>9} {'floor us':>9} {'rate vs floor':>14} "
+          f"{'(min..max)':>12}")
+    for kind, o in r["one_process"].items():
+        lo, hi = o["ratios_min_max"]
+        print(f"{kind:9} {o['store_us']:>9.0f} {o['floor_us']:>9.0f} "
+              f"{o['rate_vs_floor']:>14.2f} {lo:>5.2f}..{hi:<5.2f}")
+        for key, what, ratio, versus in (
+                ("floor_async", "the floor's INSERT on an AsyncConnection", "rate_vs_floor_async",
+                 "store rate {:.2f}x"),
+                ("floor_hop", "the floor write on the store's thread, through its hop",
+                 "rate_vs_floor_hop", "store rate {:.2f}x"),
+                ("worker", "the store on its worker thread only (io_uring off)",
+                 "worker_rate_vs_floor", "rate {:.2f}x the floor")):
+            if f"{key}_us" in o:
+                print(f"{'':9} {what}: {o[f'{key}_us']:.0f} us, {versus.format(o[ratio])}")
+        if "load" in o:
+            print(f"{'':9} load average (1 min) after the table: {o['load']:.2f}")
+
+
 def _print(r: dict[str, Any]) -> None:
     print(f"\n{r['processes']} processes x {r['sessions_per_process']} sessions x "
           f"{r['appends_per_session']} appends, one entry per append\n")
@@ -828,22 +909,9 @@ def _print(r: dict[str, Any]) -> None:
         print(f"{kind:10} {st['ops_per_s']:>10,.0f} {st['p50_us'] / 1000:>8.2f} "
               f"{st['p99_us'] / 1000:>8.2f} {lost:>5} | {fl['ops_per_s']:>9,.0f} "
               f"{fl['p50_us'] / 1000:>9.2f} {fl['p99_us'] / 1000:>9.2f} | "
-              f"{s['p50_vs_floor']:>11.2f} {s['throughput_vs_floor']:>13.2f}")
-    if r["one_process"]:
-        print("\nOne process, one session, one entry per append, alternating blocks with "
-              "the bare floor write")
-        print(f"{'store':9} {'store us':>9} {'floor us':>9} {'rate vs floor':>14} "
-              f"{'(min..max)':>12}")
-        for kind, o in r["one_process"].items():
-            lo, hi = o["ratios_min_max"]
-            print(f"{kind:9} {o['store_us']:>9.0f} {o['floor_us']:>9.0f} "
-                  f"{o['rate_vs_floor']:>14.2f} {lo:>5.2f}..{hi:<5.2f}")
-            if "floor_async_us" in o:
-                print(f"{'':9} the floor's INSERT on an AsyncConnection: "
-                      f"{o['floor_async_us']:.0f} us, store rate {o['rate_vs_floor_async']:.2f}x")
-            if "floor_hop_us" in o:
-                print(f"{'':9} the floor write on the store's thread, through its hop: "
-                      f"{o['floor_hop_us']:.0f} us, store rate {o['rate_vs_floor_hop']:.2f}x")
+              f"{s['p50_vs_floor']:>11.2f} {s['throughput_vs_floor']:>13.2f}"
+              + (f"   (load {s['load']:.1f})" if "load" in s else ""))
+    _print_one_process(r)
     _print_sqlite(r)
     if r["bytes"]:
         print("\nBytes stored / raw payload, bench/peers.py workload (400-char base64 messages)")
