@@ -315,3 +315,27 @@ async def test_s47_appends_a_watcher_hears_of_notify_on_the_same_wire(
     finally:
         await store.close()
         await watching.close()
+
+
+async def test_s47_an_append_cancelled_while_its_statement_is_prepared_is_never_sent(
+    pg_url: str, pg_schema: str
+) -> None:
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
+    try:
+        await store.create_session(SessionRecord(id="s"))
+        ids = await _chain(store, "s", 5)  # prepare_threshold runs: the next one prepares
+        async with await psycopg.AsyncConnection.connect(pg_url) as other:
+            # Preparing reads the table's definition: it waits for this lock.
+            await other.execute(sql.SQL("LOCK TABLE {}.entries IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(pg_schema)))
+            task = asyncio.create_task(store.append_entries("s", [_entry("cut", ids[-1])]))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await other.rollback()
+        ids += await _chain(store, "s", 3, ids[-1])
+        assert [e.id for e in await store.load_entries("s")] == ids
+        assert store.pool.get_stats()["connections_num"] == 1
+    finally:
+        await store.close()

@@ -1144,17 +1144,21 @@ class _Wire:
                     raise psycopg.InternalError("got no result from the query")
                 sent, self.sent = self.sent, None
                 if result.status not in _DONE:
-                    self.next = None
                     error = psycopg.errors.error_from_result(result, encoding=self.encoding)
                     if (isinstance(error, psycopg.errors.InvalidSqlStatementName)
                             and sent is not None):
-                        # The statement is gone from the server (DEALLOCATE ALL,
+                        # The statement is gone from the server (DEALLOCATE,
                         # DISCARD ALL): nothing ran, so prepare it and send again.
-                        self.prepared.clear()
+                        self.prepared.discard(sent[0].name)
                         pgconn.send_prepare(sent[0].name, sent[0].query, sent[0].types)
                         self.next = sent
                         continue
-                    raise error
+                    if not (isinstance(error, psycopg.errors.DuplicatePreparedStatement)
+                            and self.next is not None):
+                        self.next = None
+                        raise error
+                    # Prepared already, by a preparation whose append was
+                    # cancelled (``cancel``): use it.
                 if self.next is None:
                     self.last = result
                     return None
@@ -1215,6 +1219,7 @@ class _Wire:
     async def cancel(self) -> None:
         """Cancel the statement in flight and read its reply (as psycopg does), so
         the connection goes back to the pool idle (S45); else close the connection."""
+        self.next = None  # a statement cancelled while being prepared is never sent
         if self.pgconn.transaction_status != _ACTIVE:
             return
         try:
