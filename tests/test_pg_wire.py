@@ -5,11 +5,12 @@ PgBouncer behaviour, and one reader per connection kept on the event loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+import pytest_asyncio
 from psycopg import sql
 
 from test_store_postgres import cancel_while_locked
@@ -67,6 +68,17 @@ def readers() -> Iterator[Callable[[], Readers]]:
         loop.add_reader = counter._add  # type: ignore[method-assign]
 
 
+@pytest_asyncio.fixture
+async def store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
+    """A store on one pooled connection, with session "s"."""
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
+    try:
+        await store.create_session(SessionRecord(id="s"))
+        yield store
+    finally:
+        await store.close()
+
+
 async def _chain(store: PostgresStore, sid: str, count: int,
                  parent: str | None = None) -> list[str]:
     ids = []
@@ -110,38 +122,35 @@ async def test_s47_appends_keep_one_reader_that_other_work_takes_off(
     assert counter.watching == 0  # closing the connection took it off first
 
 
-async def test_s47_errors_on_the_wire_are_the_stores(pg_url: str, pg_schema: str) -> None:
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=2)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 8)  # past the prepare threshold: prepared
-        with pytest.raises(SessionNotFound):
-            await store.append_entries("missing", [_entry("x")])
-        last = MessageEntry(parent_id=ids[-1], message=UserMessage.of("last"))
-        await store.append_entries("s", [last])
-        await store.append_entries("s", [last])  # a retry after a lost reply (S25)
-        with pytest.raises(StoreError, match="repeats an entry id"):
-            await store.append_entries("s", [MessageEntry(
-                id=last.id, parent_id=ids[-1], message=UserMessage.of("other"))])
-        ids.append(last.id)
-        # Any other refusal from the server: a StoreError naming the session,
-        # psycopg's error chained, and the statement is replanned after the DDL.
-        _sql(pg_url, "ALTER TABLE {s}.entries ADD CONSTRAINT h CHECK (kind < 0) NOT VALID",
-             pg_schema)
-        with pytest.raises(StoreError, match="'s'") as info:
-            await store.append_entries("s", [_entry("refused", ids[-1])])
-        assert isinstance(info.value.__cause__, psycopg.errors.CheckViolation)
-        assert not isinstance(info.value, StoreUnavailable)
-        _sql(pg_url, "ALTER TABLE {s}.entries DROP CONSTRAINT h", pg_schema)
-        ids += await _chain(store, "s", 2, ids[-1])
-        # The prepared statement dropped from the connection: prepared again, sent once.
-        async with store.pool.connection() as conn:
-            await conn.execute("DEALLOCATE ALL")
-        ids += await _chain(store, "s", 2, ids[-1])
-        assert [e.id for e in await store.load_entries("s")] == ids
-        assert store.pool.get_stats()["connections_num"] == 1
-    finally:
-        await store.close()
+async def test_s47_errors_on_the_wire_are_the_stores(
+    store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    ids = await _chain(store, "s", 8)  # past the prepare threshold: prepared
+    with pytest.raises(SessionNotFound):
+        await store.append_entries("missing", [_entry("x")])
+    last = MessageEntry(parent_id=ids[-1], message=UserMessage.of("last"))
+    await store.append_entries("s", [last])
+    await store.append_entries("s", [last])  # a retry after a lost reply (S25)
+    with pytest.raises(StoreError, match="repeats an entry id"):
+        await store.append_entries("s", [MessageEntry(
+            id=last.id, parent_id=ids[-1], message=UserMessage.of("other"))])
+    ids.append(last.id)
+    # Any other refusal from the server: a StoreError naming the session,
+    # psycopg's error chained, and the statement is replanned after the DDL.
+    _sql(pg_url, "ALTER TABLE {s}.entries ADD CONSTRAINT h CHECK (kind < 0) NOT VALID",
+         pg_schema)
+    with pytest.raises(StoreError, match="'s'") as info:
+        await store.append_entries("s", [_entry("refused", ids[-1])])
+    assert isinstance(info.value.__cause__, psycopg.errors.CheckViolation)
+    assert not isinstance(info.value, StoreUnavailable)
+    _sql(pg_url, "ALTER TABLE {s}.entries DROP CONSTRAINT h", pg_schema)
+    ids += await _chain(store, "s", 2, ids[-1])
+    # The prepared statement dropped from the connection: prepared again, sent once.
+    async with store.pool.connection() as conn:
+        await conn.execute("DEALLOCATE ALL")
+    ids += await _chain(store, "s", 2, ids[-1])
+    assert [e.id for e in await store.load_entries("s")] == ids
+    assert store.pool.get_stats()["connections_num"] == 1
 
 
 async def _backend_of(url: str, schema: str) -> int:
@@ -153,52 +162,42 @@ async def _backend_of(url: str, schema: str) -> int:
 
 
 async def test_s47_a_connection_the_server_ends_while_idle_is_let_go(
-    pg_url: str, pg_schema: str, readers: Callable[[], Readers]
+    store: PostgresStore, pg_url: str, pg_schema: str, readers: Callable[[], Readers]
 ) -> None:
     counter = readers()
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 3)
-        assert counter.watching == 1
-        _sql(pg_url, "SELECT pg_terminate_backend(%s)", pg_schema,
-             await _backend_of(pg_url, pg_schema))
-        for _ in range(100):  # the reader sees the socket close and steps aside
-            if not counter.watching:
-                break
-            await asyncio.sleep(0.01)
-        assert counter.watching == 0
-        # The next append meets the dead connection: an unknown outcome, safe
-        # to retry (S25); the one after runs on a new connection.
-        entry = _entry("after", ids[-1])
-        with pytest.raises(StoreUnavailable):
-            await store.append_entries("s", [entry])
+    ids = await _chain(store, "s", 3)
+    assert counter.watching == 1
+    _sql(pg_url, "SELECT pg_terminate_backend(%s)", pg_schema,
+         await _backend_of(pg_url, pg_schema))
+    for _ in range(100):  # the reader sees the socket close and steps aside
+        if not counter.watching:
+            break
+        await asyncio.sleep(0.01)
+    assert counter.watching == 0
+    # The next append meets the dead connection: an unknown outcome, safe
+    # to retry (S25); the one after runs on a new connection.
+    entry = _entry("after", ids[-1])
+    with pytest.raises(StoreUnavailable):
         await store.append_entries("s", [entry])
-        assert [e.id for e in await store.load_entries("s")] == [*ids, entry.id]
-    finally:
-        await store.close()
+    await store.append_entries("s", [entry])
+    assert [e.id for e in await store.load_entries("s")] == [*ids, entry.id]
 
 
 async def test_s47_a_cancelled_append_is_cancelled_at_the_server_on_its_connection(
-    pg_url: str, pg_schema: str
+    store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=2)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 8)
+    ids = await _chain(store, "s", 8)
 
-        def not_waiting() -> None:  # cancelled there: no longer waiting for the lock
-            assert _sql(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE "
-                        "wait_event_type = 'Lock' AND position(%s in query) > 0",
-                        pg_schema, pg_schema) == [(0,)]
+    def not_waiting() -> None:  # cancelled there: no longer waiting for the lock
+        assert _sql(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                    "wait_event_type = 'Lock' AND position(%s in query) > 0",
+                    pg_schema, pg_schema) == [(0,)]
 
-        await cancel_while_locked(pg_url, pg_schema, store, _entry("cut", ids[-1]), not_waiting)
-        ids += await _chain(store, "s", 2, ids[-1])
-        assert [e.id for e in await store.load_entries("s")] == ids
-        # The connection went back idle and serves on: none was made anew.
-        assert store.pool.get_stats()["connections_num"] == 1
-    finally:
-        await store.close()
+    await cancel_while_locked(pg_url, pg_schema, store, _entry("cut", ids[-1]), not_waiting)
+    ids += await _chain(store, "s", 2, ids[-1])
+    assert [e.id for e in await store.load_entries("s")] == ids
+    # The connection went back idle and serves on: none was made anew.
+    assert store.pool.get_stats()["connections_num"] == 1
 
 
 async def test_s47_tasks_sharing_a_pool_append_on_the_wire(
@@ -239,50 +238,40 @@ async def test_s47_through_pgbouncer_the_wire_names_no_statement(
 
 
 async def test_s47_an_append_larger_than_the_socket_buffer_waits_to_send(
-    pg_url: str, pg_schema: str
+    store: PostgresStore
 ) -> None:
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 2)
-        big, parent = [], ids[-1]
-        for n in range(8):  # 16 MB in one statement: libpq's flush must wait for room
-            big.append(_entry(f"{n}" * (2 << 20), parent))
-            parent = big[-1].id
-        await store.append_entries("s", big)
-        ids += await _chain(store, "s", 2, parent)
-        loaded = await store.load_entries("s")
-        assert [e.id for e in loaded] == ids[:2] + [e.id for e in big] + ids[2:]
-        assert loaded[5].message.text == "3" * (2 << 20)
-    finally:
-        await store.close()
+    ids = await _chain(store, "s", 2)
+    big, parent = [], ids[-1]
+    for n in range(8):  # 16 MB in one statement: libpq's flush must wait for room
+        big.append(_entry(f"{n}" * (2 << 20), parent))
+        parent = big[-1].id
+    await store.append_entries("s", big)
+    ids += await _chain(store, "s", 2, parent)
+    loaded = await store.load_entries("s")
+    assert [e.id for e in loaded] == ids[:2] + [e.id for e in big] + ids[2:]
+    assert loaded[5].message.text == "3" * (2 << 20)
 
 
 async def test_s47_a_cancelled_append_whose_cancel_fails_closes_its_connection(
-    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch,
+    store: PostgresStore, pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 3)
+    ids = await _chain(store, "s", 3)
 
-        async def refused(self: psycopg.AsyncConnection[Any], **kwargs: Any) -> None:
-            raise psycopg.OperationalError("cancel refused")
+    async def refused(self: psycopg.AsyncConnection[Any], **kwargs: Any) -> None:
+        raise psycopg.OperationalError("cancel refused")
 
-        def closed() -> None:
-            assert "closing its connection" in caplog.text
+    def closed() -> None:
+        assert "closing its connection" in caplog.text
 
-        monkeypatch.setattr(psycopg.AsyncConnection, "cancel_safe", refused)
-        await cancel_while_locked(pg_url, pg_schema, store, _entry("cut", ids[-1]), closed)
-        # The statement may still run once the lock is free: its outcome is
-        # unknown, as for any cancelled call. The store goes on, connected anew.
-        entry = _entry("after", ids[-1])
-        await store.append_entries("s", [entry])
-        assert entry.id in [e.id for e in await store.load_entries("s")]
-        assert store.pool.get_stats()["connections_num"] == 2
-    finally:
-        await store.close()
+    monkeypatch.setattr(psycopg.AsyncConnection, "cancel_safe", refused)
+    await cancel_while_locked(pg_url, pg_schema, store, _entry("cut", ids[-1]), closed)
+    # The statement may still run once the lock is free: its outcome is
+    # unknown, as for any cancelled call. The store goes on, connected anew.
+    entry = _entry("after", ids[-1])
+    await store.append_entries("s", [entry])
+    assert entry.id in [e.id for e in await store.load_entries("s")]
+    assert store.pool.get_stats()["connections_num"] == 2
 
 
 async def test_s47_appends_a_watcher_hears_of_notify_on_the_same_wire(
@@ -318,24 +307,19 @@ async def test_s47_appends_a_watcher_hears_of_notify_on_the_same_wire(
 
 
 async def test_s47_an_append_cancelled_while_its_statement_is_prepared_is_never_sent(
-    pg_url: str, pg_schema: str
+    store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 5)  # prepare_threshold runs: the next one prepares
-        async with await psycopg.AsyncConnection.connect(pg_url) as other:
-            # Preparing reads the table's definition: it waits for this lock.
-            await other.execute(sql.SQL("LOCK TABLE {}.entries IN ACCESS EXCLUSIVE MODE").format(
-                sql.Identifier(pg_schema)))
-            task = asyncio.create_task(store.append_entries("s", [_entry("cut", ids[-1])]))
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await other.rollback()
-        ids += await _chain(store, "s", 3, ids[-1])
-        assert [e.id for e in await store.load_entries("s")] == ids
-        assert store.pool.get_stats()["connections_num"] == 1
-    finally:
-        await store.close()
+    ids = await _chain(store, "s", 5)  # prepare_threshold runs: the next one prepares
+    async with await psycopg.AsyncConnection.connect(pg_url) as other:
+        # Preparing reads the table's definition: it waits for this lock.
+        await other.execute(sql.SQL("LOCK TABLE {}.entries IN ACCESS EXCLUSIVE MODE").format(
+            sql.Identifier(pg_schema)))
+        task = asyncio.create_task(store.append_entries("s", [_entry("cut", ids[-1])]))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await other.rollback()
+    ids += await _chain(store, "s", 3, ids[-1])
+    assert [e.id for e in await store.load_entries("s")] == ids
+    assert store.pool.get_stats()["connections_num"] == 1
