@@ -402,8 +402,6 @@ class PostgresStore:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
             weakref.WeakKeyDictionary())
         self._loops_guard = threading.Lock()
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], _LoopPool] | None = None
-        """The loop that called last and its pool (``_here_now``)."""
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
@@ -420,18 +418,6 @@ class PostgresStore:
         return self._pool
 
     # -- plumbing ---------------------------------------------------------------
-
-    def _here_now(self) -> _LoopPool | None:
-        """This event loop's pool if there is one yet (cheaper than ``_here``)."""
-        loop = asyncio.get_running_loop()
-        last = self._last  # one tuple: read whole even while another thread sets it
-        if last is not None and last[0]() is loop:
-            return last[1]
-        here = self._loops.get(loop)
-        if here is not None:
-            # A weak reference, as in ``_loops``: a store keeps no loop alive.
-            self._last = (weakref.ref(loop), here)
-        return here
 
     def _here(self) -> _LoopPool:
         """This event loop's pool (made on first use from the loop)."""
@@ -663,7 +649,7 @@ class PostgresStore:
             return
         datas = [encode_entry(e, session_id=sid) for e in entries]
         rows = [compact(e, d) for e, d in zip(entries, datas, strict=True)]
-        here = self._here_now()
+        here = self._loops.get(asyncio.get_running_loop())  # None: this loop's first call
         statement = self._wire.get(len(rows))
         try:
             if (here is None or not here.ready or here.down or self._closed or statement is None
