@@ -40,7 +40,9 @@ Two more tables, same run:
 For PostgreSQL, the append statement's own cost per entry in each form the
 store has sent (issue 15's text arrays, binary arrays, a VALUES list) at 1, 8
 and 16 entries against the bare INSERT, with ``synchronous_commit`` off for that
-connection so the WAL flush, the same for all, drops out.
+connection so the WAL flush, the same for all, drops out; all prepared, and the
+bare INSERT and the one-entry VALUES list also parsed and planned at each call,
+as behind PgBouncer with ``prepare_threshold=None``.
 
 A second, small table compares ``bytea`` and ``jsonb`` for the entries column
 (bytes on disk, load time, byte-identical round trip), the measurement behind
@@ -690,6 +692,12 @@ def append_statements(schema: str, rounds: int = 12, block: int = 50) -> dict[st
     for n in (_VALUES_MAX, 2 * _VALUES_MAX):
         forms[f"binary arrays, {n} entries"] = (n, _Q["append"])
         forms[f"VALUES, {n} entries"] = (n, _append_values(n))
+    # Parsed and planned at every call, as behind PgBouncer's transaction
+    # pooling (prepare_threshold=None); every other form is prepared, as the
+    # store's are by default (S47) and psycopg's after 5 runs.
+    unprepared = {"bare INSERT, not prepared": forms["bare INSERT"],
+                  "VALUES, 1 entry, not prepared": forms["VALUES, 1 entry"]}
+    forms.update(unprepared)
     line = encode_entry(_entry(None, 0, 0))
     code, key, _, ts, data = compact(msgspec.json.decode(line, type=MessageEntry), line)
 
@@ -710,13 +718,16 @@ def append_statements(schema: str, rounds: int = 12, block: int = 50) -> dict[st
                 for name in (list(forms) if r % 2 == 0 else list(forms)[::-1]):
                     n, query = forms[name][0], queries[name]
                     t0 = time.perf_counter()
+                    prepare = None if name not in unprepared else False
                     for _ in range(block):
                         rows = [(code, (made + k).to_bytes(16), key, ts, data) for k in range(n)]
                         made += n
-                        if name == "bare INSERT":
-                            conn.execute(query, (made, ts, code, name, rows[0][1], key, data))
+                        if name.startswith("bare INSERT"):
+                            conn.execute(query, (made, ts, code, name, rows[0][1], key, data),
+                                         prepare=prepare)
                         elif name.startswith("VALUES"):
-                            conn.execute(query, [name, *(x for row in rows for x in row)])
+                            conn.execute(query, [name, *(x for row in rows for x in row)],
+                                         prepare=prepare)
                         else:
                             conn.execute(query, [n, name, n, *map(list, zip(*rows, strict=True))])
                     per_entry[name].append((time.perf_counter() - t0) / block / n * 1e6)

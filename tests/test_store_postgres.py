@@ -8,7 +8,7 @@ import functools
 import hashlib
 import itertools
 import multiprocessing
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -669,20 +669,27 @@ async def test_s45_a_failed_or_cancelled_append_gives_its_connection_back(
                 # The same id with other content: a conflict, not a retry (S25).
                 await store.append_entries("s", [MessageEntry(
                     id=first.id, message=UserMessage.of("other"))])
-        # Cancelled while its statement is at the server: the statement waits
-        # on the session row another transaction holds.
-        async with await psycopg.AsyncConnection.connect(pg_url) as other:
-            await other.execute(psycopg.sql.SQL(
-                "SELECT 1 FROM {}.sessions WHERE session_id = 's' FOR UPDATE").format(
-                    psycopg.sql.Identifier(pg_schema)))
-            task = asyncio.create_task(store.append_entries("s", [_entry("cut", first.id)]))
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await other.rollback()
+        await cancel_while_locked(pg_url, pg_schema, store, _entry("cut", first.id))
         last = _entry("after", first.id)
         await asyncio.wait_for(store.append_entries("s", [last]), 10)
         assert [e.id for e in await store.load_entries("s")] == [first.id, last.id]
     finally:
         await store.close()
+
+
+async def cancel_while_locked(url: str, schema: str, store: PostgresStore, entry: MessageEntry,
+                              check: Callable[[], object] = lambda: None) -> None:
+    """Append ``entry`` to session "s" and cancel it while its statement is at the
+    server, waiting on the session row another transaction holds; ``check``
+    runs before that transaction lets the row go."""
+    async with await psycopg.AsyncConnection.connect(url) as other:
+        await other.execute(psycopg.sql.SQL(
+            "SELECT 1 FROM {}.sessions WHERE session_id = 's' FOR UPDATE").format(
+                psycopg.sql.Identifier(schema)))
+        task = asyncio.create_task(store.append_entries("s", [entry]))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        check()
+        await other.rollback()

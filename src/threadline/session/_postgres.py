@@ -26,6 +26,13 @@ byte from that is kept whole. ``session_id`` stays a column of ``entries``
 rather than an integer key: it is the shard key, and for short session ids
 it costs no more than a ``bigint`` would after alignment.
 
+An append of up to 8 entries on a pool the store made skips psycopg's
+execute: ``_Wire`` sends it through psycopg's libpq binding with the
+parameters already in binary and waits for the reply on one reader the
+connection keeps on the event loop (S47); everything else goes through
+psycopg. Both name their prepared statements per connection after
+``prepare_threshold`` runs, and neither does with ``None``.
+
 Behind PgBouncer (transaction pooling) pass ``prepare_threshold=None`` so no
 server-side prepared statement outlives a transaction.
 """
@@ -37,6 +44,8 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import re
+import struct
 import threading
 import time
 import weakref
@@ -56,7 +65,14 @@ from threadline.errors import (
 )
 from threadline.session._codec import decode_entry, encode_entry
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._rows import compact, decode_compact, id_key, id_text, row_line
+from threadline.session._rows import (
+    Row,
+    compact,
+    decode_compact,
+    id_key,
+    id_text,
+    row_line,
+)
 from threadline.session._store import (
     EntryLog,
     SessionPage,
@@ -76,6 +92,7 @@ from threadline.session._watch import Wakeups, follow, unknown_after
 
 try:
     import psycopg
+    import psycopg_pool
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -368,6 +385,7 @@ class PostgresStore:
         ident = sql.Identifier(schema)
         queries = {**_Q, **{f"append{n}": _append_values(n) for n in range(1, _VALUES_MAX + 1)}}
         self._q = {k: sql.SQL(v).format(s=ident).as_string(None) for k, v in queries.items()}
+        self._wire = _statements(self._q, schema)
         self._ready = False
         self._closed = False
         conninfo = url_or_pool if isinstance(url_or_pool, str) else self._pool.conninfo
@@ -516,22 +534,26 @@ class PostgresStore:
         """psycopg's and the pool's errors as the store's, naming it and ``what``."""
         try:
             yield
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"{self._where}: no connection for {what} within the pool "
-                                   f"timeout: {exc}", session_id=session_id) from exc
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            raise self._failure(exc, what, session_id, here) from exc
+
+    def _failure(self, exc: psycopg.Error, what: str, session_id: str | None,
+                 here: _LoopPool) -> StoreError:
+        """The store's error for psycopg's or the pool's ``exc``."""
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailable(f"{self._where}: no connection for {what} within the pool "
+                                    f"timeout: {exc}", session_id=session_id)
+        sess = f" (session {session_id!r})" if session_id else ""
+        if isinstance(exc, psycopg.OperationalError):
             # A lost connection (sqlstate None, class 08, or the server shutting
             # down) may hide more dead ones in the pool.
             if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P")):
                 here.down = True
-            sess = f" (session {session_id!r})" if session_id else ""
-            raise StoreUnavailable(f"{self._where}: {what}{sess} failed; the outcome of a "
-                                   f"write is unknown, retrying is safe: "
-                                   f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
-        except psycopg.Error as exc:
-            sess = f" (session {session_id!r})" if session_id else ""
-            raise StoreError(f"{self._where}: {what}{sess} failed: "
-                             f"{type(exc).__name__}: {exc}", session_id=session_id) from exc
+            return StoreUnavailable(f"{self._where}: {what}{sess} failed; the outcome of a "
+                                    f"write is unknown, retrying is safe: "
+                                    f"{type(exc).__name__}: {exc}", session_id=session_id)
+        return StoreError(f"{self._where}: {what}{sess} failed: "
+                          f"{type(exc).__name__}: {exc}", session_id=session_id)
 
     async def _with_conn(self, what: str, session_id: str | None,
                          fn: Callable[[Conn], Awaitable[T]]) -> T:
@@ -541,7 +563,7 @@ class PostgresStore:
         if here.down:
             await self._probe(what, session_id, here)
         pool = here.pool
-        with self._errors(what, session_id, here):
+        try:
             # getconn/putconn rather than pool.connection(): the context
             # manager adds a commit() call (a no-op in autocommit) and its own
             # generator frame, ~35 us of CPU per call under load
@@ -557,6 +579,8 @@ class PostgresStore:
                     return await fn(conn)
             finally:
                 await pool.putconn(conn)
+        except psycopg.Error as exc:
+            raise self._failure(exc, what, session_id, here) from exc
 
     async def _connect(self, what: str, session_id: str | None, here: _LoopPool) -> Conn:
         """A connection made as the pool makes them, or ``StoreUnavailable`` saying why not.
@@ -624,7 +648,25 @@ class PostgresStore:
             await self.load_session(sid)  # an empty append still requires the session
             return
         datas = [encode_entry(e, session_id=sid) for e in entries]
-        name, params = _append_args(sid, entries, datas)
+        rows = [compact(e, d) for e, d in zip(entries, datas, strict=True)]
+        here = self._loops.get(asyncio.get_running_loop())  # None: this loop's first call
+        statement = self._wire.get(len(rows))
+        try:
+            if (here is None or not here.ready or here.down or self._closed or statement is None
+                    or not self._owns_pool):
+                # The first call from this loop, a pool to probe, a closed store,
+                # a pool passed in, or more than 8 entries: through psycopg.
+                stored = await self._append(sid, rows)
+            else:
+                stored = await self._wire_append(here, statement, sid, rows)
+            if stored == 0:
+                raise SessionNotFound(sid, self._where)
+        except _Repeated:
+            await self._check_retried(sid, [e.id for e in entries], datas)
+
+    async def _append(self, sid: str, rows: list[Row]) -> int:
+        """Store ``rows`` after the session's last entry; how many were stored (0: no session)."""
+        name, params = _append_args(sid, rows)
         query = self._q[name]
 
         async def op(conn: Conn) -> int:
@@ -636,11 +678,32 @@ class PostgresStore:
                 await self._notify(conn, sid)
             return stored
 
+        return await self._run("append_entries", sid, op)
+
+    async def _wire_append(self, here: _LoopPool, statement: _Statement, sid: str,
+                           rows: list[Row]) -> int:
+        """``_append`` on the store's own pool, its statement sent on the wire (S47)."""
+        pool = here.pool
         try:
-            if await self._run("append_entries", sid, op) == 0:
-                raise SessionNotFound(sid, self._where)
-        except _Repeated:
-            await self._check_retried(sid, [e.id for e in entries], datas)
+            conn = (_QUICK_POOL and _take(pool)) or await pool.getconn()
+            try:
+                own = cast(_Connection, conn)  # the store's pool makes only these
+                wire = own.wire or _Wire(own)
+                own.wire = wire
+                values: list[bytes | None] = [sid.encode(wire.encoding)]
+                for kind, key, parent, ts, data in rows:
+                    values += (_int2(kind), key, parent, None if ts is None else _int8(ts), data)
+                stored = int((await wire.run(statement, values)).command_tuples or 0)
+                if stored and (self._listened or time.monotonic() - self._listened_at >= _QUIET):
+                    await self._notify(conn, sid)
+            finally:
+                if not (_QUICK_POOL and _give(pool, conn)):
+                    await pool.putconn(conn)
+        except psycopg.errors.UniqueViolation as exc:
+            raise _Repeated() from exc
+        except psycopg.Error as exc:
+            raise self._failure(exc, "append_entries", sid, here) from exc
+        return stored
 
     async def _notify(self, conn: Conn, sid: str) -> None:
         """Wake the watchers of ``sid`` in every process (S26), once the append is committed."""
@@ -655,13 +718,20 @@ class PostgresStore:
             return
         payload = _payload(sid)
         try:
-            cur = await conn.execute(self._q["notify"],
-                                     (self._channel, payload, self._listener_name))
-            row = await cur.fetchone()
+            if isinstance(conn, _Connection) and conn.wire is not None:
+                # As the append went: psycopg would take the wire's reader off.
+                result = await conn.wire.run(self._wire["notify"], [
+                    self._channel.encode(), payload.encode(), self._listener_name.encode()])
+                listened = result.get_value(0, 2) == b"t"
+            else:
+                cur = await conn.execute(self._q["notify"],
+                                         (self._channel, payload, self._listener_name))
+                row = await cur.fetchone()
+                listened = bool(row and row[2])
         except psycopg.Error as exc:  # the append is stored; watchers' polls will see it
             log.debug("%s: NOTIFY for session %r failed: %s", self._where, sid, exc)
             return
-        self._listened = bool(row and row[2])
+        self._listened = listened
         self._listened_at = time.monotonic()
 
     async def _check_retried(self, sid: str, ids: list[str], datas: list[bytes]) -> None:
@@ -866,7 +936,8 @@ class PostgresStore:
                 parent = None if last is None or last[0] is None else id_text(bytes(last[0]))
                 stored[:] = chain_after(entries, parent)
                 try:
-                    query, params = _append_args(sid, stored)
+                    query, params = _append_args(sid, [compact(e, encode_entry(e, session_id=sid))
+                                                       for e in stored])
                     cur = await conn.execute(self._q[query], params)
                 except psycopg.errors.UniqueViolation as exc:
                     raise _Repeated() from exc
@@ -904,9 +975,307 @@ def _payload(sid: str) -> str:
 
 
 class _Connection(psycopg.AsyncConnection[Any]):
-    """A connection the store made, keeping the one cursor its appends run on."""
+    """A connection the store made: the one cursor it keeps, and its append's wire (S47)."""
 
     kept: psycopg.AsyncCursor[Any] | None = None
+    wire: _Wire | None = None
+
+    async def wait(self, *args: Any, **kwargs: Any) -> Any:
+        # Every psycopg operation waits here: it reads the socket itself, so
+        # the wire's reader steps aside (libpq may close the socket under it).
+        if self.wire is not None:
+            self.wire.unwatch()
+        return await super().wait(*args, **kwargs)
+
+    async def close(self) -> None:
+        if self.wire is not None:
+            self.wire.unwatch()
+        await super().close()
+
+
+class _Statement:
+    """A statement as the wire sends it (S47): ``$n`` placeholders, its
+    parameters' types given, all of them sent in binary."""
+
+    __slots__ = ("formats", "name", "query", "types")
+
+    def __init__(self, name: str, query: str, types: list[int]) -> None:
+        placeholders = iter(range(1, len(types) + 1))
+        self.query = re.sub("%s", lambda _: f"${next(placeholders)}", query).encode()
+        self.name = name.encode()
+        self.types = types
+        self.formats = [1] * len(types)
+
+
+def _statements(q: dict[str, str], schema: str) -> dict[str | int, _Statement]:
+    """The wire's statements for a store's queries ``q``: the append of each
+    size up to ``_VALUES_MAX`` by its size, and ``"notify"``."""
+    prefix = f"threadline_{hashlib.md5(schema.encode()).hexdigest()[:16]}_"
+    row = [_INT2_OID, _BYTEA_OID, _BYTEA_OID, _INT8_OID, _BYTEA_OID]
+    out: dict[str | int, _Statement] = {
+        n: _Statement(f"{prefix}append{n}", q[f"append{n}"], [_TEXT_OID, *row * n])
+        for n in range(1, _VALUES_MAX + 1)}
+    out["notify"] = _Statement(f"{prefix}notify", q["notify"], [_TEXT_OID] * 3)
+    return out
+
+
+_TEXT_OID, _INT2_OID, _BYTEA_OID, _INT8_OID = 25, 21, 17, 20
+_int2 = struct.Struct("!h").pack
+_int8 = struct.Struct("!q").pack
+_ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
+_DONE = (psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK)
+_CONN_OK = psycopg.pq.ConnStatus.OK
+
+
+class _Wire:
+    """One store connection's append, and the NOTIFY after it, straight through libpq (S47).
+
+    psycopg's execute adapts each parameter, keeps its prepared-statement
+    bookkeeping, and waits through a generator that adds a reader to the
+    event loop and removes it again: that pair alone is ~80k instructions
+    (callgrind), three quarters of a whole blocking psycopg INSERT. The
+    append knows its parameters' types, so it encodes them in binary itself,
+    and the connection's socket keeps one reader on the loop from one append
+    to the next. The reader reads only while an append waits: anything else
+    that makes the socket readable (another operation's reply, the server
+    closing an idle connection) makes it step aside, and every psycopg
+    operation (``_Connection.wait``) and ``close`` take it off first.
+
+    ``send`` and ``step`` never wait: ``run`` awaits what ``step`` gives
+    until it gives None.
+    """
+
+    __slots__ = ("conn", "encoding", "fd", "last", "loop", "next", "pgconn", "prepared",
+                 "result", "runs", "sent", "waiter", "watched", "writing")
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self.encoding = conn.info.encoding
+        self.prepared: set[bytes] = set()
+        self.runs: dict[bytes, int] = {}
+        """How often each statement ran unprepared."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.fd = -1
+        self.watched = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.writing = False
+        self.result: psycopg.pq.abc.PGresult | None = None
+        self.next: tuple[_Statement, list[bytes | None]] | None = None
+        """The statement to send once its preparation succeeds."""
+        self.sent: tuple[_Statement, list[bytes | None]] | None = None
+        """The statement sent prepared, until its reply."""
+        self.last: psycopg.pq.abc.PGresult | None = None
+
+    async def run(self, statement: _Statement,
+                  values: list[bytes | None]) -> psycopg.pq.abc.PGresult:
+        """Send ``statement`` with ``values``; its result, or its error raised."""
+        self.send(statement, values)
+        while (waiter := self.step()) is not None:
+            try:
+                await waiter
+            except BaseException as exc:
+                self.waited()
+                if isinstance(exc, asyncio.CancelledError):
+                    await self.cancel()
+                else:  # the reader's: the connection is lost
+                    self.failed()
+                raise
+            self.waited()
+        result, self.last = self.last, None
+        assert result is not None
+        return result
+
+    def send(self, statement: _Statement, values: list[bytes | None]) -> None:
+        """Send ``statement``; ``step`` then tells when its result is in."""
+        name, pgconn = statement.name, self.pgconn
+        try:
+            if name in self.prepared:
+                pgconn.send_query_prepared(name, values, statement.formats)
+                self.sent = (statement, values)
+                return
+            # As psycopg does: prepared (one more round trip, once) after
+            # ``prepare_threshold`` runs on this connection; never with None.
+            threshold, runs = self.conn.prepare_threshold, self.runs.get(name, 0)
+            if threshold is None or runs < threshold:
+                self.runs[name] = runs + 1
+                pgconn.send_query_params(statement.query, values, statement.types,
+                                         statement.formats)
+                return
+            pgconn.send_prepare(name, statement.query, statement.types)
+            self.next = (statement, values)
+        except psycopg.Error:
+            self.failed()
+            raise
+
+    def step(self) -> asyncio.Future[None] | None:
+        """A future to await before the next step, or None once ``last`` is set.
+
+        Raises the statement's error (psycopg's class for its SQLSTATE).
+        """
+        pgconn = self.pgconn
+        try:
+            while True:
+                if pgconn.flush():  # rare: the socket's buffer is full
+                    return self._wait(writing=True)
+                if pgconn.is_busy():
+                    return self._wait()
+                got = pgconn.get_result()
+                if got is not None:
+                    if self.result is None or self.result.status in _DONE:
+                        self.result = got  # the first error wins
+                    continue
+                result, self.result = self.result, None  # the reply has ended
+                if result is None:
+                    raise psycopg.InternalError("got no result from the query")
+                sent, self.sent = self.sent, None
+                if result.status not in _DONE:
+                    error = psycopg.errors.error_from_result(result, encoding=self.encoding)
+                    if (isinstance(error, psycopg.errors.InvalidSqlStatementName)
+                            and sent is not None):
+                        # The statement is gone from the server (DEALLOCATE,
+                        # DISCARD ALL): nothing ran, so prepare it and send again.
+                        self.prepared.discard(sent[0].name)
+                        pgconn.send_prepare(sent[0].name, sent[0].query, sent[0].types)
+                        self.next = sent
+                        continue
+                    if not (isinstance(error, psycopg.errors.DuplicatePreparedStatement)
+                            and self.next is not None):
+                        self.next = None
+                        raise error
+                    # Prepared already, by a preparation whose append was
+                    # cancelled (``cancel``): use it.
+                if self.next is None:
+                    self.last = result
+                    return None
+                statement, values = self.next  # prepared: now the append itself
+                self.next = None
+                self.prepared.add(statement.name)
+                pgconn.send_query_prepared(statement.name, values, statement.formats)
+        except psycopg.Error:
+            self.failed()
+            raise
+
+    def _wait(self, *, writing: bool = False) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        self.waiter = waiter = loop.create_future()
+        if writing:
+            loop.add_writer(self.pgconn.socket, _settle, waiter)
+            self.writing = True
+        elif not self.watched:
+            self.fd = self.pgconn.socket
+            loop.add_reader(self.fd, self.readable)
+            self.loop, self.watched = loop, True
+        return waiter
+
+    def waited(self) -> None:
+        """After a future from ``step`` was awaited, settled or not."""
+        self.waiter = None
+        if self.writing:
+            self.writing = False
+            asyncio.get_running_loop().remove_writer(self.pgconn.socket)
+
+    def readable(self) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():  # not an append's reply: leave it to its reader
+            self.unwatch()
+            return
+        try:
+            self.pgconn.consume_input()
+        except psycopg.Error as exc:
+            self.unwatch()  # at EOF the socket stays readable
+            waiter.set_exception(exc)
+            return
+        if not self.pgconn.is_busy():
+            waiter.set_result(None)
+
+    def unwatch(self) -> None:
+        if self.watched:
+            self.watched = False
+            assert self.loop is not None
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.fd)
+
+    def failed(self) -> None:
+        """After an error: a connection libpq dropped has closed its socket."""
+        self.result = self.next = self.sent = None
+        if self.pgconn.status != _CONN_OK:
+            self.unwatch()
+
+    async def cancel(self) -> None:
+        """Cancel the statement in flight and read its reply (as psycopg does), so
+        the connection goes back to the pool idle (S45); else close the connection."""
+        self.next = None  # a statement cancelled while being prepared is never sent
+        if self.pgconn.transaction_status != _ACTIVE:
+            return
+        try:
+            await self.conn.cancel_safe(timeout=5.0)
+            async with asyncio.timeout(5.0):
+                # QueryCanceled, or whatever the statement came to first:
+                # either way its reply is read and the connection is idle.
+                with contextlib.suppress(psycopg.DatabaseError):
+                    while (waiter := self.step()) is not None:
+                        try:
+                            await waiter
+                        finally:
+                            self.waited()
+            if self.pgconn.transaction_status == _IDLE:
+                return
+            problem = "its reply did not end the statement"
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.close()
+                raise
+            problem = type(exc).__name__
+        log.warning("cancelling an append failed (%s): closing its connection", problem)
+        self.close()
+
+    def close(self) -> None:
+        self.unwatch()
+        self.pgconn.finish()
+
+
+# _take and _give read and write psycopg_pool's own state as its getconn and
+# putconn do, so only with the versions they were written against and tested
+# with (pyproject allows 3.2 on); any other takes the pool's way.
+_QUICK_POOL = tuple(int(p) for p in psycopg_pool.__version__.split(".")[:2]) in {(3, 2), (3, 3)}
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _take(pool: Any) -> Conn | None:
+    """An idle connection from ``pool`` as ``getconn`` would hand it out, or None.
+
+    ``getconn`` and ``putconn`` run a dozen coroutines, the pool's lock and
+    its logging, ~40k instructions a pair (callgrind). When a connection is
+    idle and nobody waits for one, taking it is a ``popleft``; anything
+    else (no idle connection, waiters, a check to run, the lock held) is
+    left to the pool.
+    """
+    if pool._closed or pool._waiting or pool._check or not pool._pool or pool._lock.locked():
+        return None
+    conn: Conn = pool._pool.popleft()
+    pool._nconns_min = min(pool._nconns_min, len(pool._pool))  # the pool shrinks by this
+    pool._stats[pool._REQUESTS_NUM] += 1
+    conn._pool = pool
+    return conn
+
+
+def _give(pool: Any, conn: Conn) -> bool:
+    """Put ``conn`` back as ``putconn`` would for an idle, unexpired connection, or say no."""
+    drained = getattr(pool, "_drained_at", None)  # psycopg_pool 3.3's drain()
+    if (pool._closed or pool._waiting or pool._reset or pool._pool_full_event is not None
+            or pool._lock.locked() or conn.pgconn.transaction_status != _IDLE
+            or conn._expire_at <= time.monotonic()
+            or (drained is not None and getattr(conn, "_created_at", drained) <= drained)):
+        return False
+    conn._pool = None
+    pool._pool.append(conn)
+    return True
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _cursor(conn: Conn) -> psycopg.AsyncCursor[Any]:
@@ -1010,13 +1379,8 @@ def _stop_listener(here: _LoopPool) -> None:
         here.listener.cancel()
 
 
-def _append_args(sid: str, entries: Sequence[Entry],
-                 datas: Sequence[bytes] | None = None) -> tuple[str, list[Any]]:
-    """The name of the append statement for ``entries`` in ``_q``, and its parameters."""
-    # ``datas``: the entries as encode_entry gave them, when the caller has them.
-    if datas is None:
-        datas = [encode_entry(e, session_id=sid) for e in entries]
-    rows = [compact(e, d) for e, d in zip(entries, datas, strict=True)]
+def _append_args(sid: str, rows: Sequence[Row]) -> tuple[str, list[Any]]:
+    """The name of the append statement for ``rows`` in ``_q``, and its parameters."""
     if len(rows) <= _VALUES_MAX:
         return f"append{len(rows)}", [sid, *itertools.chain.from_iterable(rows)]
     n = len(rows)
