@@ -58,7 +58,7 @@ async def _loop(variant: str, n: int) -> None:
         fd = os.open(Path(tmp) / "bare", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             for k, entry in enumerate(entries):
-                if k == _WARM or k == 0:
+                if k in (0, _WARM):
                     os.write(fd, _LINE)  # both paths warm in both variants
                     await ring.wait(fd)
                     await store.append_entries("s", [entry])

@@ -157,7 +157,7 @@ from threadline.session._storekit import (
     page_sorted,
     sort_key,
 )
-from threadline.session._uring import Ring, ring_for
+from threadline.session._uring import Ring, ring_for, wanted
 from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["FileStore", "session_file_name"]
@@ -613,7 +613,7 @@ class FileStore:
         self._rung: dict[str, _Rung] = {}
         self._executor: ThreadPoolExecutor | None = None
         # Read once: S44's switch, for the stores made after it is set.
-        self._ring = durability == "fsync" and os.environ.get("THREADLINE_IO_URING") != "0"
+        self._ring = durability == "fsync" and wanted()
         self._catalog: _Catalog | None = None
         # Entry ids of sessions loaded but not open for appending (see _KnownIds).
         self._loaded_ids: dict[str, tuple[int, int, _KnownIds | tuple[list[str], int]]] = {}

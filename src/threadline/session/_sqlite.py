@@ -126,7 +126,7 @@ from threadline.session._storekit import (
     page_fetched,
     to_micros,
 )
-from threadline.session._uring import Ring, ring_for
+from threadline.session._uring import Ring, ring_for, wanted
 from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["SQLiteStore"]
@@ -518,6 +518,7 @@ class SQLiteStore:
         self._wal_fd = -1
         self._loop_possible = False
         self._loop_wanted = False
+        self._ring_wanted = wanted()  # read once: S46's switch, for the stores made after it
         self._lconn: sqlite3.Connection | None = None  # the home loop's; opened by the worker
         self._shm_fd = -1
         self._restarting = False
@@ -783,7 +784,7 @@ class SQLiteStore:
         if home is not None and home.loop is not loop and home.loop.is_closed():
             home = self._home = None  # nothing of its loop is in flight: no one is busy
         if home is None:
-            ring = ring_for(loop)
+            ring = ring_for(loop) if self._ring_wanted else None
             if ring is not None:
                 if self._lconn is None:
                     self._loop_wanted = True  # the worker opens it after this append

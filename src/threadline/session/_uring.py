@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Ring", "ring_for"]
+__all__ = ["Ring", "ring_for", "wanted"]
 
 _ENTRIES = 64  # submission slots; each is free again once submitted
 # Completion slots: one per fdatasync in flight (one per busy session). Any
@@ -216,11 +216,18 @@ class Ring:
                     os.close(fd)
 
 
+def wanted() -> bool:
+    """Whether the environment allows io_uring: ``THREADLINE_IO_URING=0`` turns it off.
+
+    A store asks once, when it is made, not on every append.
+    """
+    return os.environ.get("THREADLINE_IO_URING") != "0"
+
+
 def ring_for(loop: asyncio.AbstractEventLoop) -> Ring | None:
     """The running loop's ring, set up on first use; None where io_uring cannot be used.
 
-    ``THREADLINE_IO_URING=0`` is for the caller to read (``FileStore`` reads
-    it once, when it is made): not here, on every append.
+    ``THREADLINE_IO_URING=0`` is for the caller to read, with ``wanted``.
     """
     ring = _shared.rings.get(loop)
     if ring is not None or _shared.unusable is not None:
