@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import settings
 
 from pgbouncer import PgBouncer
 
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
     from store_kinds import StoreSpec
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+# Under CI Hypothesis loads its "ci" profile, which fixes every test's examples
+# (derandomize) so that a failure there reproduces. .ci/run's second suite
+# loads this one instead: as many examples per test, new ones on every run.
+settings.register_profile("ci-explore", parent=settings.get_profile("ci"), derandomize=False)
 
 
 @pytest.fixture(scope="session")

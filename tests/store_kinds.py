@@ -103,3 +103,18 @@ def assert_one_order(texts: list[str], writers: list[str], per_writer: int) -> N
     for w in writers:
         assert [t for t in texts if t.startswith(w + "-")] == [
             f"{w}-{n}" for n in range(per_writer)]
+
+
+def import_every_store() -> None:
+    """Import each store's module and driver now, as a fork server should before forking.
+
+    The SQL stores import their drivers on first use, so a child forked from a
+    server that had not imported them pays for it again every time: psycopg
+    took 60-80 ms of each forked child's run here, most of a PostgreSQL kill
+    loop's time. Imports only: the server must stay free of threads and
+    connections to fork safely.
+    """
+    import psycopg._tz  # noqa: F401  (zoneinfo, which a connection loads)
+
+    import threadline.session._postgres
+    import threadline.session._sqlite  # noqa: F401

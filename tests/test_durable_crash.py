@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from store_kinds import import_every_store
 from threadline import durable
 from threadline.ai._messages import ToolResultMessage, UserMessage
 from threadline.ai._tools import tool
@@ -103,6 +104,7 @@ async def _child(job: dict[str, Any]) -> None:
 
 
 def _zygote() -> None:
+    import_every_store()
     for line in sys.stdin.buffer:
         msg = msgspec.json.decode(line)
         if "reap" in msg:

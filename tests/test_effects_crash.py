@@ -32,6 +32,7 @@ from effects_support import (
     pay_tool,
     store_url,
 )
+from store_kinds import import_every_store
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolContext, ToolResultMessage, UserMessage, tool
 from threadline.ai._model import Request
@@ -160,6 +161,7 @@ def _refund_script() -> list[Turn]:
 
 
 def _zygote() -> None:
+    import_every_store()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     for line in sys.stdin.buffer:
         job = msgspec.json.decode(line)

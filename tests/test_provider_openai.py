@@ -339,7 +339,10 @@ async def test_chat_abort_before_first_byte() -> None:
         stream = chat(srv).stream(HELLO, StreamOptions(abort=abort))
         assert (await anext(stream)).type == "start"
         waiting = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0.05)
+        # Abort once the request is in: not after a fixed pause, which a slow
+        # first request (the client's lazy imports) can outlast.
+        while not srv.received:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
         abort.set()
         last = await asyncio.wait_for(waiting, 5)
         await asyncio.wait_for(srv.disconnected.wait(), 5)

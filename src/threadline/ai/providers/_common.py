@@ -299,6 +299,9 @@ async def drive(
     yield builder.start()
     sdk: SDKStream | None = None
     race = _AbortRace(abort)
+    # A failure is yielded after the stream is closed: a consumer that has
+    # the final event may hold this iterator without reading on.
+    failure: ErrorEvent | None = None
     try:
         sdk = await race(open_stream())
         while True:
@@ -313,11 +316,11 @@ async def drive(
         for event in finish():
             yield event
     except _Aborted:
-        yield builder.failed(None, aborted=True)
+        failure = builder.failed(None, aborted=True)
     except ModelError as exc:
-        yield builder.failed(exc)
+        failure = builder.failed(exc)
     except backend_errors as exc:
-        yield builder.failed(chained(translate(exc), exc))
+        failure = builder.failed(chained(translate(exc), exc))
     finally:
         race.close()
         if sdk is not None:
@@ -328,6 +331,8 @@ async def drive(
                 # only costs a connection, but should not go unseen.
                 log.warning("%s: closing the response stream failed", builder.origin,
                             exc_info=True)
+    if failure is not None:
+        yield failure
 
 
 # --------------------------------------------------------------------------- errors
