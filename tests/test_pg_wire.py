@@ -323,3 +323,39 @@ async def test_s47_an_append_cancelled_while_its_statement_is_prepared_is_never_
     ids += await _chain(store, "s", 3, ids[-1])
     assert [e.id for e in await store.load_entries("s")] == ids
     assert store.pool.get_stats()["connections_num"] == 1
+
+
+async def test_s47_a_pool_without_the_state_the_quick_checkout_reads_uses_its_own_way(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quick checkout reads psycopg_pool's private state; a release that
+    # renamed any of it must cost speed, never an append.
+    from threadline.session import _postgres
+
+    taken: list[object] = []
+    real_take = _postgres._take
+
+    def counted(pool: Any) -> Any:
+        taken.append(pool)
+        return real_take(pool)
+
+    monkeypatch.setattr(_postgres, "_take", counted)
+    monkeypatch.setattr(_postgres, "_POOL_STATE", (*_postgres._POOL_STATE, "_renamed_since"))
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
+    try:
+        await store.create_session(SessionRecord(id="s"))
+        first = _entry("one")
+        await store.append_entries("s", [first])
+        await store.append_entries("s", [_entry("two", first.id)])
+        assert [e.message.text for e in await store.load_entries("s")] == ["one", "two"]
+        assert taken == []
+    finally:
+        await store.close()
+    monkeypatch.setattr(_postgres, "_POOL_STATE", _postgres._POOL_STATE[:-1])
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
+    try:
+        for text in ("three", "four"):
+            await store.append_entries("s", [_entry(text)])
+        assert taken  # the same pool, with the state there, takes the quick way
+    finally:
+        await store.close()

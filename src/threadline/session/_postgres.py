@@ -685,7 +685,7 @@ class PostgresStore:
         """``_append`` on the store's own pool, its statement sent on the wire (S47)."""
         pool = here.pool
         try:
-            conn = (_QUICK_POOL and _take(pool)) or await pool.getconn()
+            conn = (here.quick and _take(pool)) or await pool.getconn()
             try:
                 own = cast(_Connection, conn)  # the store's pool makes only these
                 wire = own.wire or _Wire(own)
@@ -697,7 +697,7 @@ class PostgresStore:
                 if stored and (self._listened or time.monotonic() - self._listened_at >= _QUIET):
                     await self._notify(conn, sid)
             finally:
-                if not (_QUICK_POOL and _give(pool, conn)):
+                if not (here.quick and _give(pool, conn)):
                     await pool.putconn(conn)
         except psycopg.errors.UniqueViolation as exc:
             raise _Repeated() from exc
@@ -1239,6 +1239,15 @@ class _Wire:
 # putconn do, so only with the versions they were written against and tested
 # with (pyproject allows 3.2 on); any other takes the pool's way.
 _QUICK_POOL = tuple(int(p) for p in psycopg_pool.__version__.split(".")[:2]) in {(3, 2), (3, 3)}
+# What they touch; a pool lacking any of it (a patch release that renamed
+# one) takes the pool's way instead of failing an append. (Its ``_lock`` is
+# made when it opens: looked up on each call.)
+_POOL_STATE = ("_closed", "_waiting", "_check", "_pool", "_nconns_min", "_stats",
+               "_REQUESTS_NUM", "_reset", "_pool_full_event")
+
+
+def _quick(pool: Any) -> bool:
+    return _QUICK_POOL and all(hasattr(pool, name) for name in _POOL_STATE)
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -1251,7 +1260,9 @@ def _take(pool: Any) -> Conn | None:
     else (no idle connection, waiters, a check to run, the lock held) is
     left to the pool.
     """
-    if pool._closed or pool._waiting or pool._check or not pool._pool or pool._lock.locked():
+    lock = getattr(pool, "_lock", None)
+    if (pool._closed or pool._waiting or pool._check or not pool._pool or lock is None
+            or lock.locked()):
         return None
     conn: Conn = pool._pool.popleft()
     pool._nconns_min = min(pool._nconns_min, len(pool._pool))  # the pool shrinks by this
@@ -1263,8 +1274,9 @@ def _take(pool: Any) -> Conn | None:
 def _give(pool: Any, conn: Conn) -> bool:
     """Put ``conn`` back as ``putconn`` would for an idle, unexpired connection, or say no."""
     drained = getattr(pool, "_drained_at", None)  # psycopg_pool 3.3's drain()
+    lock = getattr(pool, "_lock", None)
     if (pool._closed or pool._waiting or pool._reset or pool._pool_full_event is not None
-            or pool._lock.locked() or conn.pgconn.transaction_status != _IDLE
+            or lock is None or lock.locked() or conn.pgconn.transaction_status != _IDLE
             or conn._expire_at <= time.monotonic()
             or (drained is not None and getattr(conn, "_created_at", drained) <= drained)):
         return False
@@ -1311,10 +1323,12 @@ def _taking_from(spare: list[Conn]) -> type[Conn]:
 
 
 class _LoopPool:
-    __slots__ = ("down", "listener", "lock", "pool", "ready", "spare", "waiting")
+    __slots__ = ("down", "listener", "lock", "pool", "quick", "ready", "spare", "waiting")
 
     def __init__(self, pool: AsyncConnectionPool[Any], spare: list[Conn]) -> None:
         self.pool = pool
+        self.quick = _quick(pool)
+        """Whether appends may take and give its connections without its lock (_take)."""
         self.spare = spare
         """The connection ``_start`` made, until the pool takes it (``_taking_from``)."""
         self.lock = asyncio.Lock()  # made and used in the one loop this pool serves
