@@ -693,3 +693,29 @@ async def cancel_while_locked(url: str, schema: str, store: PostgresStore, entry
             await task
         check()
         await other.rollback()
+
+
+def test_s33_loops_that_ended_do_not_keep_their_connections(pg_url: str, pg_schema: str) -> None:
+    # A store used through asyncio.run, call after call, makes a pool per
+    # loop; a loop that has ended can run nothing, so the next loop's first
+    # call closes what its pool held, or the server fills with them.
+    name = f"tl-ended-{pg_schema}"
+    sep = "&" if "?" in pg_url else "?"
+    store = PostgresStore(f"{pg_url}{sep}application_name={name}", schema=pg_schema)
+    parent: str | None = None
+    asyncio.run(store.create_session(SessionRecord(id="s")))
+    for n in range(12):
+        entry = MessageEntry(parent_id=parent, message=UserMessage.of(f"call {n}"))
+        asyncio.run(store.append_entries("s", [entry]))
+        parent = entry.id
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        (held,) = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                               (name,)).fetchone() or (0,)
+    assert held <= 2, f"{held} connections held for 13 loops, 12 of them ended"
+
+    async def last() -> int:
+        n = len(await store.load_entries("s"))
+        await store.close()
+        return n
+
+    assert asyncio.run(last()) == 12

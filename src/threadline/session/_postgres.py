@@ -433,12 +433,31 @@ class PostgresStore:
                         f"{self._where}: the AsyncConnectionPool passed in belongs to another "
                         f"event loop; pass a URL to have the store make a pool per loop")
                 if self._loops and self._owns_pool:
+                    self._drop_ended_loops_locked()
                     spare: list[Conn] = []
                     here = _LoopPool(self._new_pool(spare), spare)
                 else:
                     here = _LoopPool(self._pool, self._spare)
                 self._loops[loop] = here
         return here
+
+    def _drop_ended_loops_locked(self) -> None:
+        """Close the connections of the pools whose event loop has closed.
+
+        Nothing can run on such a loop again, so its pool's workers are gone
+        and ``close`` could not reach it: left alone, its connections stay
+        open on the server until the loop is collected, and a thread that
+        runs ``asyncio.run`` per call would hold one per loop it ever ran.
+        """
+        for loop, here in list(self._loops.items()):
+            if not loop.is_closed():
+                continue
+            del self._loops[loop]
+            idle = getattr(here.pool, "_pool", ())  # psycopg_pool keeps none public
+            for conn in [*here.spare, *idle]:
+                with contextlib.suppress(Exception):
+                    conn.pgconn.finish()
+            here.spare.clear()
 
     async def _start(self, session_id: str | None = None) -> None:
         if self._closed:
