@@ -73,8 +73,8 @@ class _Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
     c = _Clock(time.time_ns() // 1_000_000 + 10_000)
     # Undone after the test, so later ids carry the real time again.
-    monkeypatch.setattr(ids, "_last_ms", ids._last_ms)
-    monkeypatch.setattr(ids, "_counter", ids._counter)
+    monkeypatch.setattr(ids, "_ms", ids._ms)
+    monkeypatch.setattr(ids, "_ids", ids._ids)
     monkeypatch.setattr(ids, "time", c)
     yield c
 

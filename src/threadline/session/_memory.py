@@ -66,6 +66,11 @@ class MemoryStore:
             check_session_id(session_id)  # a known session's id was checked when created
         lines = ([encode_entry(entries[0], session_id=session_id)] if len(entries) == 1
                  else [encode_entry(entry, session_id=session_id) for entry in entries])
+        self._append_checked(session_id, entries, lines)
+
+    def _append_checked(self, session_id: str, entries: Sequence[Entry],
+                        lines: Sequence[bytes]) -> None:
+        """``append_entries`` of entries the codec checked (``CheckedAppend``), done at once."""
         with self._lock:
             log = self._logs.get(session_id)
             if log is None:
@@ -168,7 +173,7 @@ class MemoryStore:
 
 
 def _extend(session_id: str, log: list[bytes], ids: dict[str, int],
-            entries: Sequence[Entry], lines: list[bytes]) -> bool:
+            entries: Sequence[Entry], lines: Sequence[bytes]) -> bool:
     """Add a batch to a log (under the store's lock); False if it is a retry (S25)."""
     start = len(log)
     new_ids = {entry.id: start + n for n, entry in enumerate(entries)}
