@@ -740,11 +740,14 @@ class _Pump:
         resume: ResumeTurn | None,
     ) -> None:
         self._agent = agent
+        self._tree, self._session_id = agent._tree, agent._session_id
         self._resume = resume
         self._ledger: effects.Ledger | None = None
         # A run that started with nothing to track (S41): its gate, its loop's
         # tools, and a copy of them as they were when last found untracked.
-        self._plain: tuple[effects.PlainGate, dict[str, Tool], dict[str, Tool]] | None = None
+        self._plain: effects.PlainGate | None = None
+        self._tools: dict[str, Tool] = {}
+        self._untracked: dict[str, Tool] = {}
         self._abort = asyncio.Event()
         self._append_checked = checked_append(agent._store)
         self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
@@ -778,7 +781,7 @@ class _Pump:
             approval = self._agent._approval
             if self._resume is None and effects.nothing_to_track(loop.tools, approval):
                 gate = effects.PlainGate()
-                self._plain = gate, loop.tools, dict(loop.tools)
+                self._plain, self._tools, self._untracked = gate, loop.tools, dict(loop.tools)
                 return loop.run(context, input, abort=self._abort, gate=gate)
             self._ledger = effects.Ledger(self._agent, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
@@ -839,12 +842,13 @@ class _Pump:
         (``plain``: that is done).
         """
         if not plain and (self._pending_input or (
-                isinstance(message, AssistantMessage) and _calls_tools(message)
+                isinstance(message, AssistantMessage)
                 and (self._ledger is not None
-                     or (self._plain is not None and self._track_from_now() is not None)))):
+                     or (self._plain is not None and self._tools != self._untracked
+                         and self._track_from_now() is not None))
+                and _calls_tools(message))):
             return self._storing(message)
-        agent = self._agent
-        tree, store, session_id = agent._tree, agent._store, agent._session_id
+        tree, store, session_id = self._tree, self._agent._store, self._session_id
         entry = MessageEntry(id=new_id(), parent_id=tree.leaf_id, timestamp=utcnow(),
                              message=message)
         append_checked = self._append_checked
@@ -895,13 +899,13 @@ class _Pump:
     def _track_from_now(self) -> effects.Ledger | None:
         """The ledger, made now, if the run's tools changed (a tool added or replaced) so
         that a call can be tracked."""
-        assert self._plain is not None
-        gate, tools, untracked = self._plain
-        if tools == untracked:  # the same tool objects: the usual case, a C compare
+        gate, tools = self._plain, self._tools
+        assert gate is not None
+        if tools == self._untracked:  # the same tool objects: the usual case, a C compare
             return None
         approval = self._agent._approval
         if effects.nothing_to_track(tools, approval):
-            self._plain = gate, tools, dict(tools)
+            self._untracked = dict(tools)
             return None
         self._ledger = gate.ledger = effects.Ledger(self._agent, tools, approval)
         self._plain = None

@@ -71,17 +71,21 @@ class MemoryStore:
     def _append_checked(self, session_id: str, entries: Sequence[Entry],
                         lines: Sequence[bytes]) -> None:
         """``append_entries`` of entries the codec checked (``CheckedAppend``), done at once."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: half the cost, on every message a run stores
+        try:
             log = self._logs.get(session_id)
             if log is None:
                 raise SessionNotFound(session_id, "memory store")
             ids = self._ids[session_id]
-            if len(lines) == 1 and entries[0].id not in ids:
+            if len(lines) == 1 and (entry_id := entries[0].id) not in ids:
                 # The usual call (one message), without building an id map.
-                ids[entries[0].id] = len(log)
+                ids[entry_id] = len(log)
                 log.append(lines[0])
             elif not _extend(session_id, log, ids, entries, lines):
                 return  # S25: this exact batch is already stored
+        finally:
+            lock.release()
         self._wakeups.ring(session_id)
 
     async def load_session(self, session_id: str) -> SessionRecord:
