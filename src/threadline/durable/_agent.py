@@ -68,7 +68,13 @@ from threadline.session._entries import (
     utcnow,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import LinearStore, Store, WatchableStore, checked_append
+from threadline.session._store import (
+    AppendChecked,
+    LinearStore,
+    Store,
+    WatchableStore,
+    checked_append,
+)
 from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
@@ -555,18 +561,19 @@ class DurableAgent:
             return []
         # Hold copies of what the store keeps, not the caller's objects: a
         # dict the caller mutates later must not change this agent's view.
+        append_checked = checked_append(self._store)
         lines: list[bytes] | None = None
         if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
             batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
-        elif checked_append(self._store) is not None:
+        elif append_checked is not None:
             batch, lines = self._checked(batch)
         else:
             batch = _held_copies(batch, self._session_id)
         if not shielded:
-            await self._write(batch, lines)
+            await self._write(batch, lines, append_checked)
             self._add(batch)
             return batch
-        write = asyncio.ensure_future(self._write(batch, lines))
+        write = asyncio.ensure_future(self._write(batch, lines, append_checked))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -594,10 +601,11 @@ class DurableAgent:
             held.append(copy)
         return held, lines
 
-    async def _write(self, batch: list[Entry], lines: list[bytes] | None) -> None:
-        """Store ``batch`` (checked into ``lines`` if the store takes them), retrying (S25)."""
+    async def _write(self, batch: list[Entry], lines: list[bytes] | None,
+                     append_checked: AppendChecked | None) -> None:
+        """Store ``batch`` (through ``append_checked`` with its ``lines``, if the store
+        takes checked entries), retrying (S25)."""
         store, session_id = self._store, self._session_id
-        append_checked = checked_append(store) if lines is not None else None
         try:
             if lines is None or append_checked is None:
                 await store.append_entries(session_id, batch)
@@ -857,15 +865,16 @@ class _Pump:
             return self._stored_after(store.append_entries(session_id, (held,)), message, held)
         # One check gives the copy held and the line stored.
         line, held = check_entry(entry, session_id)
+        written = (held,)
         try:
-            waiting = append_checked(store, session_id, (held,), (line,))
+            waiting = append_checked(store, session_id, written, (line,))
         except StoreUnavailable as exc:
-            return self._stored_after(retry_append(store, session_id, (held,), exc), message,
+            return self._stored_after(retry_append(store, session_id, written, exc), message,
                                       held, retrying=True)
         if waiting is not None:
             return self._stored_after(waiting, message, held)
         tree.add(held)
-        return StoredMessageEnd(message, (held,))
+        return StoredMessageEnd(message, written)
 
     async def _stored_after(self, write: Awaitable[None], message: Message, held: Entry,
                             *, retrying: bool = False) -> StoredMessageEnd:

@@ -15,6 +15,7 @@ from threadline.errors import ConfigError, CorruptLog, EntryNotFound
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 
 __all__ = [
+    "AppendChecked",
     "CatalogStore",
     "CheckedAppend",
     "EntryLog",
