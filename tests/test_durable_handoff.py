@@ -145,6 +145,44 @@ async def test_s39_a_finished_or_abandoned_run_leaves_no_task_behind(
     assert reopened.entries == agent.entries
 
 
+class _Stubborn:
+    """A loop that keeps producing after abort: a burst larger than the hand-off holds."""
+
+    async def run(self, context: Any, input: Any, *, abort: asyncio.Event | None = None
+                  ) -> AsyncIterator[AgentEvent]:
+        from threadline.agent._events import AgentEnd, AgentStart, MessageStart, MessageUpdate
+        from threadline.ai._model import TextDelta
+
+        yield AgentStart()
+        for message in input:
+            yield MessageStart(message)
+            yield MessageEnd(message)
+        reply = AssistantMessage(content=(TextPart(text="done"),))
+        yield MessageStart(reply)
+        for _ in range(3 * _QUEUE_SIZE):
+            await asyncio.sleep(0)  # the consumer may run (and leave) meanwhile
+            yield MessageUpdate(TextDelta(0, "x"))
+        yield MessageEnd(reply)
+        yield AgentEnd((reply,))
+
+
+async def test_s39_a_loop_that_runs_on_after_its_consumer_left_is_stored_and_ends(
+    store: Store,
+) -> None:
+    agent = await durable.open(_Stubborn, store=store)
+    async with asyncio.timeout(10):
+        async with agent.run("go") as run:
+            async for ev in run:
+                if getattr(ev, "type", "") == "message_update":
+                    break
+    # The loop ignored abort and produced far more than the buffer holds
+    # with nobody taking it: the pump dropped it, stored the tail and ended.
+    assert _other_tasks() == []
+    stored = await store.load_entries(agent.session_id)
+    assert [e.message.text for e in stored if isinstance(e, MessageEntry)] == ["go", "done"]
+    assert stored == agent.entries
+
+
 async def test_s39_a_second_consumer_of_one_run_gets_the_generator_error(store: Store) -> None:
     gate = asyncio.Event()
 

@@ -28,7 +28,11 @@ T = TypeVar("T")
 
 
 class Channel(Generic[T]):
-    """Items in order, buffered up to ``limit`` before the producer waits."""
+    """Items in order, buffered up to ``limit`` before the producer waits.
+
+    The producer appends to ``items``, calls ``wake`` when ``getter`` is set,
+    and awaits ``room`` once ``limit`` items are buffered.
+    """
 
     __slots__ = ("_end", "_error", "_left", "getter", "items", "limit", "putter")
 
@@ -42,13 +46,6 @@ class Channel(Generic[T]):
         self._end = False
         self._error: BaseException | None = None
         self._left = False
-
-    def put(self, item: T) -> bool:
-        """Buffer ``item``; True when full (the producer then awaits ``room()``)."""
-        self.items.append(item)
-        if self.getter is not None:
-            self.wake()
-        return len(self.items) >= self.limit
 
     def wake(self) -> None:
         """Wake the waiting consumer (after an append).
