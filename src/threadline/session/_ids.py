@@ -6,14 +6,15 @@ Python 3.11 has no ``uuid.uuid7``; this is the RFC's method 1: a 48-bit
 millisecond clock, then a 12-bit counter seeded at random each millisecond
 (monotonic within one process), then 62 random bits: 14 drawn once per
 process, and the last 48 (the tail the CLI shows as a short id) for every
-id. Two processes' ids still differ by all 62 random bits.
+id. Two processes' ids still differ in 62 random bits.
 
 An id is made for every stored entry, and formatting a 128-bit number into
 the 8-4-4-4-12 form costs more than the rest of an append's bookkeeping. So
 each millisecond gets a template (its clock, the version, the process's 14
-random bits) once, and a second id in the same millisecond starts a C iterator that
-formats the counter and fresh random bits into it: ``next`` is one step the
-GIL keeps whole, so threads need no lock until the millisecond changes.
+random bits) once, and a second id in the same millisecond starts a C
+iterator that formats the counter and fresh random bits into it: ``next``
+is one step the GIL keeps whole, so threads need no lock until the
+millisecond changes.
 """
 
 from __future__ import annotations
