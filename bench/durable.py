@@ -31,7 +31,7 @@ disk's sync latency swings. The promise is one durable append per tool call
 and nothing more, so the ratio should be close to 1.
 
 Where the time goes: the memory run again with its parts switched off one at
-a time from the bottom up (a store that keeps nothing, no ledger, no copies,
+a time from the bottom up (a store that keeps nothing, no ledger, no check,
 no append at all), all measured in CPU time (``time.thread_time``, which other
 jobs on a shared machine disturb far less than wall time), median of the
 repetitions. The steps between them are the per-message cost of each part.
@@ -212,9 +212,13 @@ class PairedStarted:
 
 
 class KeepNothing(MemoryStore):
-    """A store whose append accepts and keeps nothing: the store's own cost taken out."""
+    """A store whose appends accept and keep nothing: the store's own cost taken out."""
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        return None
+
+    def _append_checked(self, session_id: str, entries: Sequence[Entry],
+                        lines: Sequence[bytes]) -> None:
         return None
 
 
@@ -230,12 +234,16 @@ async def _no_records(self: Any, message: Any) -> list[Entry]:
     return []
 
 
-async def _receipt_only(self: Any, event: Any) -> Any:
-    return durable.StoredMessageEnd(message=event.message, entries=())
+def _receipt_only(self: Any, message: Any, *, plain: bool = False) -> Any:
+    return durable.StoredMessageEnd(message=message, entries=())
 
 
-def _no_copies(batch: list[Entry], session_id: str) -> list[Entry]:
-    return batch
+def _no_check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
+    return b"", entry
+
+
+def _no_copy(entry: Entry, session_id: str) -> Entry:
+    return entry
 
 
 @contextlib.contextmanager
@@ -244,8 +252,11 @@ def _without(*parts: str) -> Iterator[None]:
     patches: list[tuple[Any, str, Any]] = []
     if "append" in parts:
         patches.append((agent_module._Pump, "_store", _receipt_only))
-    if "copies" in parts:
-        patches.append((agent_module, "_held_copies", _no_copies))
+    if "check" in parts:
+        # The one check (encode, decode back, compare) that gives the store
+        # its line and the agent its copy; the copy alone for other stores.
+        patches += [(agent_module, "check_entry", _no_check),
+                    (agent_module, "_held_copy", _no_copy)]
     if "ledger" in parts:
         patches += [(effects_module.Ledger, "admit", _admit),
                     (effects_module.Ledger, "begin", _begin),
@@ -262,11 +273,11 @@ def _without(*parts: str) -> Iterator[None]:
 
 # (label, parts switched off, store); each step adds one part back.
 BREAKDOWN_STEPS: list[tuple[str, tuple[str, ...], Callable[[], Store]]] = [
-    ("hand-off: pump task, channel, receipts", ("append", "copies", "ledger"), KeepNothing),
-    ("entries: ids, chaining, tree index", ("copies", "ledger"), KeepNothing),
-    ("effect ledger (none for these tools: S41)", ("copies",), KeepNothing),
-    ("held copies (S40)", (), KeepNothing),
-    ("memory store append (its S16 check)", (), MemoryStore),
+    ("hand-off: pump task, channel, receipts", ("append", "check", "ledger"), KeepNothing),
+    ("entries: ids, chaining, tree index", ("check", "ledger"), KeepNothing),
+    ("effect ledger (none for these tools: S41)", ("check",), KeepNothing),
+    ("check: line stored, copy held (S16, S40)", (), KeepNothing),
+    ("memory store append (keeping the line)", (), MemoryStore),
 ]
 
 

@@ -29,7 +29,7 @@ from threadline.ai._model import LanguageModel, ModelInfo, Request, StreamEvent,
 from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.durable._agent import _QUEUE_SIZE
 from threadline.durable._retry import RETRY_DELAYS
-from threadline.errors import AgentError, InvalidEntry, StoreUnavailable
+from threadline.errors import AgentError, InvalidEntry, StoreError, StoreUnavailable
 from threadline.session import FileStore, MemoryStore, MessageEntry, SQLiteStore, Store
 from threadline.testing import Call, FaultyStore, ScriptedModel, Text, Turn
 
@@ -143,6 +143,44 @@ async def test_s39_a_finished_or_abandoned_run_leaves_no_task_behind(
     reopened = await durable.open(None, store=store, session_id=agent.session_id)
     assert reopened.leaf_id == agent.leaf_id
     assert reopened.entries == agent.entries
+
+
+class _Stubborn:
+    """A loop that keeps producing after abort: a burst larger than the hand-off holds."""
+
+    async def run(self, context: Any, input: Any, *, abort: asyncio.Event | None = None
+                  ) -> AsyncIterator[AgentEvent]:
+        from threadline.agent._events import AgentEnd, AgentStart, MessageStart, MessageUpdate
+        from threadline.ai._model import TextDelta
+
+        yield AgentStart()
+        for message in input:
+            yield MessageStart(message)
+            yield MessageEnd(message)
+        reply = AssistantMessage(content=(TextPart(text="done"),))
+        yield MessageStart(reply)
+        for _ in range(3 * _QUEUE_SIZE):
+            await asyncio.sleep(0)  # the consumer may run (and leave) meanwhile
+            yield MessageUpdate(TextDelta(0, "x"))
+        yield MessageEnd(reply)
+        yield AgentEnd((reply,))
+
+
+async def test_s39_a_loop_that_runs_on_after_its_consumer_left_is_stored_and_ends(
+    store: Store,
+) -> None:
+    agent = await durable.open(_Stubborn, store=store)
+    async with asyncio.timeout(10):
+        async with agent.run("go") as run:
+            async for ev in run:
+                if getattr(ev, "type", "") == "message_update":
+                    break
+    # The loop ignored abort and produced far more than the buffer holds
+    # with nobody taking it: the pump dropped it, stored the tail and ended.
+    assert _other_tasks() == []
+    stored = await store.load_entries(agent.session_id)
+    assert [e.message.text for e in stored if isinstance(e, MessageEntry)] == ["go", "done"]
+    assert stored == agent.entries
 
 
 async def test_s39_a_second_consumer_of_one_run_gets_the_generator_error(store: Store) -> None:
@@ -377,3 +415,89 @@ async def test_s39_a_run_iterated_without_keeping_it_still_knows_its_consumer(
     assert _other_tasks() == []
     reopened = await durable.open(None, store=store, session_id=agent.session_id)
     assert reopened.entries == agent.entries
+
+
+# -- S48 -----------------------------------------------------------------------
+
+
+class _CountingEncoder:
+    """Stands in for the codec's JSON encoder, counting the entries it encodes."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def encode(self, obj: Any) -> bytes:
+        self.calls += 1
+        return self.inner.encode(obj)  # type: ignore[no-any-return]
+
+
+def _tool_script() -> list[Turn]:
+    return [Turn(Text("checking"), Call("lookup", {"step": 1})),
+            Turn(Text("again"), Call("lookup", {"step": 2})),
+            Turn.text("done")]
+
+
+async def test_s48_a_memory_run_checks_each_entry_once_and_holds_what_it_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from threadline.session import _codec
+
+    counting = _CountingEncoder(_codec._encoder)
+    monkeypatch.setattr(_codec, "_encoder", counting)
+    store = MemoryStore()
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
+                               store=store)
+    given: list[Any] = []
+    async for ev in agent.run("go"):
+        if isinstance(ev, StoredMessageEnd):
+            given.append(ev.message)
+    encoded = counting.calls
+    stored = await store.load_entries(agent.session_id)  # loading encodes too: after
+    # One encode per entry: the agent's check gave the store its line and
+    # the agent its copy; neither encoded the entry again.
+    assert encoded == len(stored) == 6
+    assert stored == agent.entries
+    held = [e.message for e in agent.entries if isinstance(e, MessageEntry)]
+    assert held == given
+    assert not any(h is g for h, g in zip(held, given, strict=True))
+
+
+class _CountingMemory(MemoryStore):
+    """A memory store whose own ``append_entries`` counts what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appended = 0
+
+    async def append_entries(self, session_id: str, entries: Any) -> None:
+        self.appended += len(entries)
+        await super().append_entries(session_id, entries)
+
+
+async def test_s48_a_store_that_overrides_append_entries_gets_every_append() -> None:
+    store = _CountingMemory()
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
+                               store=store)
+    await agent.run("go").collect()
+    await agent.append(UserMessage.of("more"))
+    assert store.appended == len(await store.load_entries(agent.session_id)) == 7
+
+
+async def test_s48_a_wrapper_that_passes_attributes_on_is_not_bypassed() -> None:
+    # FaultyStore passes unknown attributes to the store it wraps; the agent
+    # must still append through the wrapper, so the fault it injects is met.
+    memory = MemoryStore()
+    store = FaultyStore(memory, fail_append_on=3)
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
+                               store=store)
+    seen: list[Any] = []
+    with pytest.raises(StoreError):
+        async for ev in agent.run("go"):
+            seen.append(ev)
+    # The input and the first reply were stored; the tool result's append failed.
+    assert store.append_calls == 3
+    receipts = [ev for ev in seen if isinstance(ev, StoredMessageEnd)]
+    assert [type(ev.message) for ev in receipts] == [UserMessage, AssistantMessage]
+    assert [e.id for e in await memory.load_entries(agent.session_id)] == \
+        [e.id for e in agent.entries]

@@ -73,8 +73,7 @@ class _Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
     c = _Clock(time.time_ns() // 1_000_000 + 10_000)
     # Undone after the test, so later ids carry the real time again.
-    monkeypatch.setattr(ids, "_last_ms", ids._last_ms)
-    monkeypatch.setattr(ids, "_counter", ids._counter)
+    monkeypatch.setattr(ids, "_clock", ids._Clock())
     monkeypatch.setattr(ids, "time", c)
     yield c
 
@@ -87,6 +86,14 @@ def test_ids_within_one_millisecond_keep_increasing(clock: _Clock) -> None:
     assert len(set(burst)) == len(burst)
     assert _ms(burst[0]) == clock.ms
     assert _ms(burst[-1]) > clock.ms
+
+
+def test_ids_within_one_millisecond_differ_in_their_random_tail(clock: _Clock) -> None:
+    # The CLI shows an entry by the end of its id (``short``): ids made in
+    # one millisecond differ there too, not only in their counter.
+    burst = [new_id() for _ in range(1000)]
+    assert len({i[-12:] for i in burst}) == len(burst)
+    assert len({_ms(i) for i in burst}) == 1
 
 
 def test_ids_keep_increasing_when_the_clock_steps_back(clock: _Clock) -> None:

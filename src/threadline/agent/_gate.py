@@ -40,6 +40,16 @@ class ResumeTurn:
 
 
 class ToolGate(Protocol):
+    """Watches each tool call of a run.
+
+    The loop puts every call of an assistant message to ``admit`` before it
+    runs any of them (the arguments validated first), and calls ``begin``
+    for each right before its function. A gate may also have a ``passive``
+    attribute: while it is true the gate has nothing to do, and the loop
+    validates the message's calls up front as for any gate but calls
+    neither method (each is a coroutine per call).
+    """
+
     async def admit(
         self, call: ToolCall, tool: Tool, arguments: dict[str, Any]
     ) -> ToolResult | ToolResultMessage | Pause | None:

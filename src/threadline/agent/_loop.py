@@ -318,13 +318,18 @@ class AgentLoop:
         """
         calls, results = outcome.calls, outcome.results
         abort = signal.abort
+        if gate is not None and getattr(gate, "passive", False):
+            # Validated now all the same, before any call runs (see ToolGate).
+            for i, call in enumerate(calls):
+                self._validate(call, i, outcome.validated)
+            gate = None
         admitted = [True] * len(calls) if gate is None else await self._admit_all(gate, outcome)
         # Tool tasks report through one queue: an update, the index of a call that
         # finished, or None when abort fired. Plain tasks rather than a TaskGroup:
         # a TaskGroup would cancel the consumer's task, which runs this generator.
         queue: asyncio.Queue[ToolExecutionUpdate | int | None] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[ToolResultMessage]] = {}
-        unwatch = signal.subscribe(lambda: queue.put_nowait(None))
+        signal.watch(queue)
         launched = finished = 0
         try:
             while finished < len(calls):
@@ -357,7 +362,7 @@ class AgentLoop:
                 finished += 1
                 yield ToolExecutionEnd(result.tool_call_id, result.tool_name, result)
         finally:
-            unwatch()
+            signal.watch(None)
             await _cancel_and_wait(tasks)
         # Only reached when abort fired: close every started call.
         for index, task in sorted(tasks.items()):
@@ -379,21 +384,28 @@ class AgentLoop:
     async def _admit(
         self, gate: ToolGate, call: ToolCall, index: int, validated: dict[int, dict[str, Any]]
     ) -> ToolResultMessage | Pause | None:
-        tool = self.tools.get(call.name)
+        tool = self._validate(call, index, validated)
         if tool is None:
-            return None  # answered as unknown by _execute
-        try:
-            kwargs = tool.validate(call.arguments)
-        except msgspec.ValidationError:
-            return None
-        validated[index] = kwargs
-        verdict = await gate.admit(call, tool, kwargs)
+            return None  # answered by _execute: an unknown tool, invalid arguments
+        verdict = await gate.admit(call, tool, validated[index])
         if isinstance(verdict, ToolResult):
             return ToolResultMessage(
                 tool_call_id=call.id, tool_name=call.name, content=verdict.content,
                 is_error=verdict.is_error, details=verdict.details,
             )
         return verdict
+
+    def _validate(self, call: ToolCall, index: int,
+                  validated: dict[int, dict[str, Any]]) -> Tool | None:
+        """The call's tool once its arguments are in ``validated``; None if they cannot be."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return None
+        try:
+            validated[index] = tool.validate(call.arguments)
+        except msgspec.ValidationError:
+            return None
+        return tool
 
     async def _tool_task(
         self, index: int, call: ToolCall, queue: asyncio.Queue[ToolExecutionUpdate | int | None],
@@ -469,43 +481,40 @@ def _is_set(abort: asyncio.Event | None) -> bool:
 class _AbortSignal:
     """Tells a run's tool phases when ``abort`` fires.
 
-    Waiting for an ``asyncio.Event`` takes a task. One per run, shared by its
-    tool phases through done-callbacks, instead of one per phase: starting,
-    cancelling and awaiting a task per turn cost more than the turn itself.
+    Waiting for an ``asyncio.Event`` takes a task. One per run, whose one
+    done-callback wakes the tool phase under way, instead of a task (or even
+    a callback) per phase: starting, cancelling and awaiting a task per turn
+    cost more than the turn itself.
     """
 
-    __slots__ = ("_watcher", "abort")
+    __slots__ = ("_queue", "_watcher", "abort")
 
     def __init__(self, abort: asyncio.Event | None) -> None:
         self.abort = abort
         self._watcher: asyncio.Future[Any] | None = None
+        self._queue: asyncio.Queue[Any] | None = None
 
-    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` once ``abort`` fires (at once if it has); returns the undo."""
-        if self.abort is None:
-            return _nothing
+    def watch(self, queue: asyncio.Queue[Any] | None) -> None:
+        """Put None into ``queue`` once ``abort`` fires (at once if it has); None: stop."""
+        self._queue = queue
+        if self.abort is None or queue is None:
+            return
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self.abort.wait())
-        watcher = self._watcher
+            self._watcher.add_done_callback(self._fired)
+        elif self._watcher.done():
+            queue.put_nowait(None)
 
-        def fired(_: asyncio.Future[Any]) -> None:
-            callback()
-
-        def undo() -> None:
-            watcher.remove_done_callback(fired)
-
-        watcher.add_done_callback(fired)
-        return undo
+    def _fired(self, _: asyncio.Future[Any]) -> None:
+        queue = self._queue
+        if queue is not None:
+            queue.put_nowait(None)
 
     async def close(self) -> None:
         watcher = self._watcher
         if watcher is not None and not watcher.done():
             watcher.cancel()
             await asyncio.wait((watcher,))  # leave no task behind the run
-
-
-def _nothing() -> None:
-    return None
 
 
 async def _cancel_and_wait(tasks: dict[int, asyncio.Task[ToolResultMessage]]) -> None:

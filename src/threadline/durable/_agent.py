@@ -46,7 +46,7 @@ from threadline.durable._events import (
 from threadline.durable._factory import Factory
 from threadline.durable._lock import AnyLoopLock
 from threadline.durable._repair import orphaned_results
-from threadline.durable._retry import append_linear_retrying, append_retrying, retry_append
+from threadline.durable._retry import append_linear_retrying, retry_append
 from threadline.errors import (
     AgentError,
     ConfigError,
@@ -55,6 +55,7 @@ from threadline.errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from threadline.session._codec import _check as check_entry
 from threadline.session._codec import rechain_opaque, stored_form
 from threadline.session._context import build_context
 from threadline.session._entries import (
@@ -67,7 +68,13 @@ from threadline.session._entries import (
     utcnow,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import LinearStore, Store, WatchableStore
+from threadline.session._store import (
+    AppendChecked,
+    LinearStore,
+    Store,
+    WatchableStore,
+    checked_append,
+)
 from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
 
@@ -554,18 +561,19 @@ class DurableAgent:
             return []
         # Hold copies of what the store keeps, not the caller's objects: a
         # dict the caller mutates later must not change this agent's view.
+        append_checked = checked_append(self._store)
+        lines: list[bytes] | None = None
         if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
             batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
+        elif append_checked is not None:
+            batch, lines = self._checked(batch)
         else:
             batch = _held_copies(batch, self._session_id)
         if not shielded:
-            try:
-                await self._store.append_entries(self._session_id, batch)
-            except StoreUnavailable as exc:
-                await retry_append(self._store, self._session_id, batch, exc)
+            await self._write(batch, lines, append_checked)
             self._add(batch)
             return batch
-        write = asyncio.ensure_future(append_retrying(self._store, self._session_id, batch))
+        write = asyncio.ensure_future(self._write(batch, lines, append_checked))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -582,6 +590,39 @@ class DurableAgent:
             raise
         self._add(batch)
         return batch
+
+    def _checked(self, batch: list[Entry]) -> tuple[list[Entry], list[bytes]]:
+        """The copies to hold and the lines to store, from one check of each entry (S16, S40)."""
+        held: list[Entry] = []
+        lines: list[bytes] = []
+        for entry in batch:
+            line, copy = check_entry(entry, self._session_id)
+            lines.append(line)
+            held.append(copy)
+        return held, lines
+
+    async def _write(self, batch: list[Entry], lines: list[bytes] | None,
+                     append_checked: AppendChecked | None) -> None:
+        """Store ``batch`` (through ``append_checked`` with its ``lines``, if the store
+        takes checked entries), retrying (S25)."""
+        store, session_id = self._store, self._session_id
+        try:
+            if lines is None or append_checked is None:
+                await store.append_entries(session_id, batch)
+                return
+            waiting = append_checked(store, session_id, batch, lines)
+        except StoreUnavailable as exc:
+            await retry_append(store, session_id, batch, exc)
+            return
+        if waiting is not None:
+            await self._write_waiting(waiting, batch)
+
+    async def _write_waiting(self, waiting: Awaitable[None], batch: list[Entry]) -> None:
+        """Wait for a checked append the store could not make at once, retrying (S25)."""
+        try:
+            await waiting
+        except StoreUnavailable as exc:
+            await retry_append(self._store, self._session_id, batch, exc)
 
     def _check_not_inside_run(self, verb: str) -> None:
         # The run holds the lock while its consumer handles an event; a
@@ -639,20 +680,17 @@ class DurableAgent:
                 pump = _Pump(self, factory, context, input, input_entries, resume=turn)
                 channel = pump.channel
                 items = channel.items
+                take = items.popleft
                 try:
                     while True:
                         # What is buffered is handed over inline: a method
                         # call per event costs a fair share of the event.
-                        if items:
-                            item = items.popleft()
-                            if channel.putter is not None:
-                                channel.let_in()
-                        else:
-                            waited = await channel.get()
-                            if waited is None:
-                                break
-                            item = waited
-                        yield item
+                        while items:
+                            yield take()
+                        waiter = channel.waiter()
+                        if waiter is None:
+                            break
+                        await waiter
                 finally:
                     await pump.detach()
             finally:
@@ -710,11 +748,16 @@ class _Pump:
         resume: ResumeTurn | None,
     ) -> None:
         self._agent = agent
+        self._tree, self._session_id = agent._tree, agent._session_id
         self._resume = resume
         self._ledger: effects.Ledger | None = None
-        # A run that started with nothing to track (S41): its gate and tools.
-        self._plain: tuple[effects.PlainGate, dict[str, Tool]] | None = None
+        # A run that started with nothing to track (S41): its gate, its loop's
+        # tools, and a copy of them as they were when last found untracked.
+        self._plain: effects.PlainGate | None = None
+        self._tools: dict[str, Tool] = {}
+        self._untracked: dict[str, Tool] = {}
         self._abort = asyncio.Event()
+        self._append_checked = checked_append(agent._store)
         self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
         self._pending_input = list(input_entries)
         self._detached = False
@@ -746,7 +789,7 @@ class _Pump:
             approval = self._agent._approval
             if self._resume is None and effects.nothing_to_track(loop.tools, approval):
                 gate = effects.PlainGate()
-                self._plain = gate, loop.tools
+                self._plain, self._tools, self._untracked = gate, loop.tools, dict(loop.tools)
                 return loop.run(context, input, abort=self._abort, gate=gate)
             self._ledger = effects.Ledger(self._agent, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
@@ -763,24 +806,27 @@ class _Pump:
         events: AsyncIterator[AgentEvent] | None = None
         channel = self.channel
         items = channel.items
+        put = items.append
         limit = channel.limit
         try:
             events = self._events(factory, context, input)
+            ledger = self._ledger
+            # Channel.put inline: this runs for every event of the run. Once
+            # the consumer left, what is put is dropped when the buffer fills.
             async for event in events:
                 if isinstance(event, MessageEnd):
-                    item: RunEvent = await self._store(event)
+                    receipt = self._store(event.message)
+                    if not isinstance(receipt, StoredMessageEnd):
+                        receipt = await receipt
+                    put(receipt)
+                    ledger = self._ledger  # a plain run may have taken one (S41)
                 else:
-                    item = event
-                if self._detached:
-                    continue
-                # Channel.put inline: this runs for every event of the run.
-                items.append(item)
+                    put(event)
                 if channel.getter is not None:
                     channel.wake()
-                ledger = self._ledger
                 if ledger is not None and ledger.notices:
                     for notice in ledger.drain():
-                        channel.put(notice)
+                        put(notice)
                 if len(items) >= limit:
                     await channel.room()
             channel.close()
@@ -794,40 +840,81 @@ class _Pump:
             if events is not None:
                 await _aclose(events)
 
-    async def _store(self, event: MessageEnd) -> StoredMessageEnd:
-        message = event.message
+    def _store(self, message: Message, *, plain: bool = False
+               ) -> StoredMessageEnd | Awaitable[StoredMessageEnd]:
+        """Store ``message`` and give its receipt (S11), or an awaitable of it.
+
+        The usual message, one entry on a store that takes it at once (the
+        memory store), is stored here, without a coroutine; the run's input
+        and a message whose calls the ledger records go through ``_storing``
+        (``plain``: that is done).
+        """
+        if not plain and (self._pending_input or (
+                isinstance(message, AssistantMessage)
+                and (self._ledger is not None
+                     or (self._plain is not None and self._tools != self._untracked
+                         and self._track_from_now() is not None))
+                and _calls_tools(message))):
+            return self._storing(message)
+        tree, store, session_id = self._tree, self._agent._store, self._session_id
+        entry = MessageEntry(id=new_id(), parent_id=tree.leaf_id, timestamp=utcnow(),
+                             message=message)
+        append_checked = self._append_checked
+        if append_checked is None:
+            held = _held_copy(entry, session_id)
+            return self._stored_after(store.append_entries(session_id, (held,)), message, held)
+        # One check gives the copy held and the line stored.
+        line, held = check_entry(entry, session_id)
+        written = (held,)
+        try:
+            waiting = append_checked(store, session_id, written, (line,))
+        except StoreUnavailable as exc:
+            return self._stored_after(retry_append(store, session_id, written, exc), message,
+                                      held, retrying=True)
+        if waiting is not None:
+            return self._stored_after(waiting, message, held)
+        tree.add(held)
+        return StoredMessageEnd(message, written)
+
+    async def _stored_after(self, write: Awaitable[None], message: Message, held: Entry,
+                            *, retrying: bool = False) -> StoredMessageEnd:
+        # The pump task is never cancelled (detach shields it): no shield here.
+        agent = self._agent
+        try:
+            await write
+        except StoreUnavailable as exc:
+            if retrying:
+                raise
+            await retry_append(agent._store, agent._session_id, (held,), exc)
+        agent._tree.add(held)
+        return StoredMessageEnd(message, (held,))
+
+    async def _storing(self, message: Message) -> StoredMessageEnd:
         pending = self._pending_input
         if pending and _same_input(pending[0], message):
             return StoredMessageEnd(message=message, entries=(pending.pop(0),))
-        agent = self._agent
         if isinstance(message, AssistantMessage) and _calls_tools(message):
             ledger = self._ledger
             if ledger is None and self._plain is not None:
                 ledger = self._track_from_now()
             records = await ledger.records_for(message) if ledger is not None else []
             if ledger is not None and records:
-                written = await agent._append([message, *records], shielded=False)
+                written = await self._agent._append([message, *records], shielded=False)
                 ledger.stored(written)
                 return StoredMessageEnd(message=message, entries=tuple(written))
-        # One message, one entry: what ``_append`` does unshielded, without
-        # its coroutine. The pump task is never cancelled (detach shields
-        # it), so the cancellation-safe path and its extra task are not
-        # needed here.
-        held = _held_copies([_to_entry(message, agent._tree.leaf_id)], agent._session_id)
-        store, session_id = agent._store, agent._session_id
-        try:
-            await store.append_entries(session_id, held)
-        except StoreUnavailable as exc:
-            await retry_append(store, session_id, held, exc)
-        agent._tree.add(held[0])
-        return StoredMessageEnd(message=message, entries=tuple(held))
+        receipt = self._store(message, plain=True)
+        return receipt if isinstance(receipt, StoredMessageEnd) else await receipt
 
     def _track_from_now(self) -> effects.Ledger | None:
-        """The ledger, made now, if the run's tools changed so that a call can be tracked."""
-        assert self._plain is not None
-        gate, tools = self._plain
+        """The ledger, made now, if the run's tools changed (a tool added or replaced) so
+        that a call can be tracked."""
+        gate, tools = self._plain, self._tools
+        assert gate is not None
+        if tools == self._untracked:  # the same tool objects: the usual case, a C compare
+            return None
         approval = self._agent._approval
         if effects.nothing_to_track(tools, approval):
+            self._untracked = dict(tools)
             return None
         self._ledger = gate.ledger = effects.Ledger(self._agent, tools, approval)
         self._plain = None

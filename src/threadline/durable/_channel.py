@@ -10,8 +10,10 @@ the only consumer).
 Even a method call per event is a fair share of what the loop spends making
 one, so both sides work on ``items`` directly on their hot path: the pump
 appends and then calls ``wake`` only when ``getter`` is set; the run pops
-and calls ``let_in`` only when ``putter`` is set. The methods are for the
-slow paths (waiting, the end, the consumer leaving).
+until the deque is empty and only then asks for a ``waiter`` (a future, not
+a coroutine), which first lets a producer waiting for room go on. A full
+buffer is thus drained before the producer refills it. The methods are for
+the slow paths (waiting, the end, the consumer leaving).
 """
 
 from __future__ import annotations
@@ -26,26 +28,24 @@ T = TypeVar("T")
 
 
 class Channel(Generic[T]):
-    """Items in order, buffered up to ``limit`` before the producer waits."""
+    """Items in order, buffered up to ``limit`` before the producer waits.
 
-    __slots__ = ("_end", "_error", "getter", "items", "limit", "putter")
+    The producer appends to ``items``, calls ``wake`` when ``getter`` is set,
+    and awaits ``room`` once ``limit`` items are buffered.
+    """
+
+    __slots__ = ("_end", "_error", "_left", "getter", "items", "limit", "putter")
 
     def __init__(self, limit: int) -> None:
         self.items: collections.deque[T] = collections.deque()
         self.limit = limit
         self.getter: asyncio.Future[None] | None = None
-        """The consumer's future while it waits for an item (``get``)."""
+        """The consumer's future while it waits for an item (``waiter``)."""
         self.putter: asyncio.Future[None] | None = None
         """The producer's future while it waits for room (``room``)."""
         self._end = False
         self._error: BaseException | None = None
-
-    def put(self, item: T) -> bool:
-        """Buffer ``item``; True when full (the producer then awaits ``room()``)."""
-        self.items.append(item)
-        if self.getter is not None:
-            self.wake()
-        return len(self.items) >= self.limit
+        self._left = False
 
     def wake(self) -> None:
         """Wake the waiting consumer (after an append).
@@ -59,45 +59,46 @@ class Channel(Generic[T]):
             getter.set_result(None)
 
     async def room(self) -> None:
-        """Wait until the consumer has taken enough for ``put`` to be allowed again."""
-        while len(self.items) >= self.limit:
+        """Wait until the consumer has taken what is buffered (at once if it left)."""
+        items = self.items
+        while len(items) >= self.limit:
+            if self._left:
+                items.clear()  # nobody will take them
+                return
             self.putter = putter = asyncio.get_running_loop().create_future()
             try:
                 await putter
             finally:
                 self.putter = None
 
-    def let_in(self) -> None:
-        """Let a waiting producer go on once there is room (after a pop)."""
+    def _let_in(self) -> None:
         putter = self.putter
-        if putter is not None and len(self.items) < self.limit and not putter.done():
+        if putter is not None and not putter.done():
             putter.set_result(None)
 
     def close(self, error: BaseException | None = None) -> None:
-        """No more items; ``get`` raises ``error`` (if any) once the buffer is drained."""
+        """No more items; ``waiter`` raises ``error`` (if any) once the buffer is drained."""
         self._end = True
         self._error = error
         self.wake()
 
-    async def get(self) -> T | None:
-        """The next item; None after ``close()`` and the last item."""
-        items = self.items
-        while not items:
-            if self._end:
-                if self._error is not None:
-                    raise self._error
-                return None
-            self.getter = getter = asyncio.get_running_loop().create_future()
-            try:
-                await getter
-            finally:
-                self.getter = None
-        item = items.popleft()
+    def waiter(self) -> asyncio.Future[None] | None:
+        """Called once the consumer took every item: what to await for more.
+
+        None after ``close()`` (raising its ``error``, if any). A producer
+        waiting for room goes on first.
+        """
         if self.putter is not None:
-            self.let_in()
-        return item
+            self._let_in()
+        if self._end:
+            if self._error is not None:
+                raise self._error
+            return None
+        self.getter = getter = asyncio.get_running_loop().create_future()
+        return getter
 
     def clear(self) -> None:
-        """Drop what is buffered and let a waiting producer go on (the consumer left)."""
+        """The consumer left: drop what is buffered, and whatever is put from now on."""
+        self._left = True
         self.items.clear()
-        self.let_in()
+        self._let_in()

@@ -542,6 +542,11 @@ class PlainGate:
     def __init__(self) -> None:
         self.ledger: Ledger | None = None
 
+    @property
+    def passive(self) -> bool:
+        """True until the run takes its ledger: the loop then only validates (ToolGate)."""
+        return self.ledger is None
+
     async def admit(self, call: ToolCall, tool: Tool,
                     arguments: dict[str, Any]) -> ToolResult | ToolResultMessage | Pause | None:
         if self.ledger is not None:

@@ -23,7 +23,7 @@ from threadline.errors import StoreUnavailable
 from threadline.session._entries import Entry
 from threadline.session._store import LinearStore, Store
 
-__all__ = ["RETRY_DELAYS", "append_linear_retrying", "append_retrying", "retry_append"]
+__all__ = ["RETRY_DELAYS", "append_linear_retrying", "retry_append"]
 
 T = TypeVar("T")
 
@@ -33,19 +33,9 @@ RETRY_DELAYS: tuple[float, ...] = (0.05, 0.15, 0.3, 0.5, 1.0)
 """Seconds slept before each retry of an append that met ``StoreUnavailable``."""
 
 
-async def append_retrying(store: Store, session_id: str, batch: Sequence[Entry]) -> None:
-    try:
-        return await store.append_entries(session_id, batch)
-    except StoreUnavailable as exc:
-        await retry_append(store, session_id, batch, exc)
-
-
 async def retry_append(store: Store, session_id: str, batch: Sequence[Entry],
                        first: StoreUnavailable) -> None:
-    """The retries of ``append_retrying`` after its first attempt failed with ``first``.
-
-    A caller on a hot path makes the first attempt itself, one call less.
-    """
+    """The retries of an append whose first attempt (the caller's) failed with ``first``."""
     await _wait_to_retry(RETRY_DELAYS[0], session_id, len(batch), first)
     await _retrying(lambda: store.append_entries(session_id, batch), session_id, len(batch),
                     RETRY_DELAYS[1:])

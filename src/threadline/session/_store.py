@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
@@ -15,13 +15,16 @@ from threadline.errors import ConfigError, CorruptLog, EntryNotFound
 from threadline.session._entries import Entry, OpaqueEntry, SessionRecord
 
 __all__ = [
+    "AppendChecked",
     "CatalogStore",
+    "CheckedAppend",
     "EntryLog",
     "LinearStore",
     "SessionPage",
     "Store",
     "WatchableStore",
     "chain_after",
+    "checked_append",
     "decode_cursor",
     "encode_cursor",
 ]
@@ -110,6 +113,46 @@ class Store(Protocol):
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         """Durably append, all or nothing. Raises ``SessionNotFound``."""
         ...
+
+
+class CheckedAppend(Protocol):
+    """Not part of the contract (S7): an append the durable agent has already checked.
+
+    Every append checks each entry by encoding it and decoding the line back
+    (S16). The durable agent needs that decoded entry too, as the copy it
+    holds (S40), so with a store that has ``_append_checked`` it makes the
+    check itself, once, and hands over both: ``lines[i]`` is the line the
+    codec's check gave for ``entries[i]``, and ``entries[i]`` the entry it
+    decoded from it. Everything else is ``append_entries``'s: all or nothing,
+    the repeated-id rule, durability, the errors. Returns None once the
+    entries are stored, or an awaitable to wait on for that (a store that
+    stores in memory needs no coroutine per message). A custom store needs
+    none of this: the agent then copies and appends as for any store.
+    """
+
+    def _append_checked(self, session_id: str, entries: Sequence[Entry],
+                        lines: Sequence[bytes]) -> Awaitable[None] | None: ...
+
+
+AppendChecked: TypeAlias = Callable[
+    [Any, str, Sequence[Entry], Sequence[bytes]], Awaitable[None] | None]
+
+
+def checked_append(store: object) -> AppendChecked | None:
+    """The store class's ``_append_checked`` (unbound), if it may stand in for its append.
+
+    Only when the class that gives the store its ``append_entries`` defines
+    ``_append_checked`` too: a subclass that overrides ``append_entries``
+    (to count, log or refuse appends) is called through it. Looked up on the
+    class, so a wrapper that passes unknown attributes on to the store it
+    wraps is not bypassed either.
+    """
+    for cls in type(store).__mro__:
+        defined = vars(cls)
+        if "append_entries" in defined:
+            method = defined.get("_append_checked")
+            return method if callable(method) else None
+    return None
 
 
 class SessionPage(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,6 +3,9 @@
 Built from entries in append order. Adding an entry is O(1); the path from
 the root to any entry is O(path length). The leaf is where the next append
 goes: after loading it is the last appended entry; ``branch`` moves it.
+Adding runs for every stored message, while children are read only when
+asked for (the viewer, the CLI): so they are indexed when next read, from
+the entries added since.
 
 ``TreeView`` has the reads; ``TreeIndex`` adds ``add`` and ``set_leaf``. A
 durable agent hands out ``index.view()``, which shares the index's state but
@@ -11,6 +14,7 @@ cannot change it, so nothing moves the leaf behind the agent's back (S27).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 
 from threadline.errors import EntryNotFound
@@ -20,15 +24,30 @@ __all__ = ["TreeIndex", "TreeView"]
 
 
 class _State:
-    __slots__ = ("by_id", "children", "duplicates", "leaf_id", "order", "session_id")
+    __slots__ = ("by_id", "duplicates", "indexed", "kids", "leaf_id", "lock", "order",
+                 "session_id")
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.by_id: dict[str, Entry] = {}
-        self.children: dict[str | None, list[str]] = {}
+        self.kids: dict[str | None, list[str]] = {}
+        """Child ids by parent id, for ``order[:indexed]``."""
+        self.indexed = 0
+        self.lock = threading.Lock()  # two readers must not index the same entries twice
         self.order: list[Entry] = []
         self.duplicates = 0
         self.leaf_id: str | None = None
+
+    def children(self) -> dict[str | None, list[str]]:
+        """Child ids by parent id, for every entry added so far."""
+        if self.indexed < len(self.order):
+            with self.lock:
+                order, kids = self.order, self.kids
+                end = len(order)
+                for entry in order[self.indexed:end]:
+                    kids.setdefault(entry.parent_id, []).append(entry.id)
+                self.indexed = end
+        return self.kids
 
 
 class TreeView:
@@ -76,7 +95,7 @@ class TreeView:
         """Direct children in append order; ``None`` gives the entries whose
         ``parent_id`` is ``None`` (``roots`` also counts orphans)."""
         by_id = self._s.by_id
-        return [by_id[i] for i in self._s.children.get(entry_id, ())]
+        return [by_id[i] for i in self._s.children().get(entry_id, ())]
 
     def roots(self) -> list[Entry]:
         """Entries with no parent, or whose parent is not in this log."""
@@ -112,7 +131,7 @@ class TreeView:
 
     def leaves(self) -> list[Entry]:
         """Entries with no children, in append order: the tips of every branch."""
-        children = self._s.children
+        children = self._s.children()
         return [e for e in self._s.order if e.id not in children]
 
     def _not_found(self, entry_id: str) -> EntryNotFound:
@@ -136,13 +155,13 @@ class TreeIndex(TreeView):
         idempotent copy was retried); ``duplicates`` counts such lines.
         """
         s = self._s
-        if entry.id in s.by_id:
+        entry_id = entry.id
+        if entry_id in s.by_id:
             s.duplicates += 1
             return
-        s.by_id[entry.id] = entry
-        s.children.setdefault(entry.parent_id, []).append(entry.id)
+        s.by_id[entry_id] = entry
         s.order.append(entry)
-        s.leaf_id = entry.id
+        s.leaf_id = entry_id
 
     def set_leaf(self, entry_id: str | None) -> None:
         if entry_id is not None and entry_id not in self._s.by_id:
