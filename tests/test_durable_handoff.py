@@ -463,6 +463,34 @@ async def test_s48_a_memory_run_checks_each_entry_once_and_holds_what_it_decoded
     assert not any(h is g for h, g in zip(held, given, strict=True))
 
 
+async def test_s48_a_file_store_run_checks_each_entry_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The file store takes the agent's checked lines too (S48), and makes the
+    # version 3 lines from the entries the agent's check decoded: the store
+    # checks nothing again.
+    from threadline.session import _codec
+
+    again: list[Any] = []
+    real = _codec.check_entry
+
+    def counted(entry: Any, session_id: str | None = None) -> Any:
+        again.append(entry)
+        return real(entry, session_id)
+
+    monkeypatch.setattr(_codec, "check_entry", counted)  # the store's calls, not the agent's
+    store = FileStore(tmp_path)
+    agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
+                               store=store)
+    await agent.run("go").collect()
+    assert again == []
+    stored = await FileStore(tmp_path).load_entries(agent.session_id)
+    assert stored == agent.entries and len(stored) == 6
+    await store.append_entries(agent.session_id, [MessageEntry(
+        parent_id=stored[-1].id, message=UserMessage.of("direct"))])
+    assert len(again) == 1  # an append of its own is checked as ever
+
+
 class _CountingMemory(MemoryStore):
     """A memory store whose own ``append_entries`` counts what it is given."""
 

@@ -55,8 +55,7 @@ from threadline.errors import (
     SessionNotFound,
     StoreUnavailable,
 )
-from threadline.session._codec import _check as check_entry
-from threadline.session._codec import rechain_opaque, stored_form
+from threadline.session._codec import check_entry, rechain_opaque, stored_form
 from threadline.session._context import build_context
 from threadline.session._entries import (
     BranchSummaryEntry,

@@ -57,6 +57,8 @@ from threadline.session._entries import (
 __all__ = [
     "KNOWN_TYPES",
     "MAX_DEPTH",
+    "check_entry",
+    "compact_checked",
     "compact_line",
     "decode_body",
     "decode_entry",
@@ -238,8 +240,13 @@ _PLAIN_CLASSES = frozenset({MessageEntry, CompactionEntry, BranchSummaryEntry,
                             CustomMessageEntry})
 
 
-def _check(entry: Entry, session_id: str | None) -> tuple[bytes, Entry]:
-    """The line for ``entry`` and the entry a store gives back for it."""
+def check_entry(entry: Entry, session_id: str | None = None) -> tuple[bytes, Entry]:
+    """The line for ``entry`` and the entry a store gives back for it (``encode_entry``'s check).
+
+    Raises ``InvalidEntry``. The durable agent holds the entry and hands a
+    store that can take it (``_append_checked``) the line, so each entry is
+    checked once.
+    """
     if type(entry) in _PLAIN_CLASSES:
         # The common case, in a few C calls: one encode, one decode back.
         # Decoding back is what proves typed fields hold their types (a
@@ -347,12 +354,12 @@ def encode_entry(entry: Entry, *, session_id: str | None = None) -> bytes:
     entry that would not load back exactly as given; stores call this before
     writing anything. An entry decoded from a stored line encodes to that line.
     """
-    return _check(entry, session_id)[0]
+    return check_entry(entry, session_id)[0]
 
 
 def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> list[Entry]:
     """Fresh copies of ``entries``, as a store will give them back (validated)."""
-    return [_check(entry, session_id)[1] for entry in entries]
+    return [check_entry(entry, session_id)[1] for entry in entries]
 
 
 def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION,
@@ -425,10 +432,15 @@ def encode_compact(entry: Entry, *, session_id: str | None = None) -> tuple[byte
     A plain ``MessageEntry`` there came from a line this version wrote, which
     is what ``compact_line`` re-encodes a line from elsewhere to find out.
     """
-    line, back = _check(entry, session_id)
-    if type(back) is MessageEntry and back.origin_id is None:
-        return line, _compact(back)
-    return line, line
+    line, back = check_entry(entry, session_id)
+    return line, compact_checked(back, line)
+
+
+def compact_checked(entry: Entry, line: bytes) -> bytes:
+    """``compact_line(line)``, where ``entry`` and ``line`` are what ``check_entry`` gave."""
+    if type(entry) is MessageEntry and entry.origin_id is None:
+        return _compact(entry)
+    return line
 
 
 def expand_line(line: bytes) -> bytes:

@@ -119,7 +119,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -137,6 +137,7 @@ from threadline.errors import (
     StoreError,
 )
 from threadline.session._codec import (
+    compact_checked,
     decode_body,
     decode_init,
     decode_lines,
@@ -661,9 +662,30 @@ class FileStore:
             lines, compact, ids = [line], [small], [entries[0].id]
         else:
             lines, compact, ids = await self._encode_batch(session_id, entries)
-        if (self.durability == "flush" and len(entries) <= _INLINE_MAX_ENTRIES
+        waiting = self._append_lines(session_id, lines, compact, ids)
+        if waiting is not None:
+            await waiting
+
+    def _append_checked(self, session_id: str, entries: Sequence[Entry],
+                        lines: Sequence[bytes]) -> Awaitable[None] | None:
+        """``append_entries`` of entries the codec checked (``CheckedAppend``, S48)."""
+        check_session_id(session_id)
+        self._check_writable(session_id)
+        if len(entries) == 1:
+            ids = [entries[0].id]
+        else:
+            ids = [e.id for e in entries]
+            if len(set(ids)) < len(ids):
+                raise _repeats(session_id, self.path_for(session_id), "within the batch")
+        compact = [compact_checked(e, line) for e, line in zip(entries, lines, strict=True)]
+        return self._append_lines(session_id, list(lines), compact, ids)
+
+    def _append_lines(self, session_id: str, lines: list[bytes], compact: list[bytes],
+                      ids: list[str]) -> asyncio.Future[None] | None:
+        """Write checked lines, or queue them: None once written, else what to wait on."""
+        if (self.durability == "flush" and len(lines) <= _INLINE_MAX_ENTRIES
                 and self._write_inline(session_id, _Batch(lines, ids, compact))):
-            return
+            return None
         loop = asyncio.get_running_loop()
         waiter = _Waiter(lines, ids, loop, compact)
         ring = ring_for(loop) if self._ring else None
@@ -701,7 +723,7 @@ class FileStore:
                     self._abandon_locked(session_id, rung)
         if now is not None:
             self._ring_write(session_id, now[0], [waiter], now[1])
-        await waiter.future
+        return waiter.future
 
     async def _encode_batch(self, session_id: str, entries: Sequence[Entry]
                             ) -> tuple[list[bytes], list[bytes], list[str]]:
