@@ -12,7 +12,10 @@ Prints a table and writes bench/results/store.json.
   the reading: the same write + fdatasync handed to a worker thread and
   awaited from the event loop, the way the store runs an append (the least an
   append that keeps the fsync off the event loop costs), and a no-op handed
-  over the same way (the bare thread hop).
+  over the same way (the bare thread hop). The four take turns going first
+  in each sample: a thread hop's worker is still settling as the next one
+  starts, and in a fixed order that slowed the store's append by up to 0.3x
+  the floor.
 - concurrent appends: 8 tasks of one store each append 50 single entries to
   one session (group commit), against the same 400 lines written one
   ``os.write`` + ``os.fdatasync`` at a time, 9 runs each next to its own floor
@@ -171,27 +174,40 @@ def bench_append(root: Path, preload: int, samples: int) -> dict[str, Any]:
     threaded_s: list[float] = []
     hop = _ThreadHop(threaded_fd)
 
+    now: dict[str, Any] = {}  # this sample's entry and its line
+
+    async def on_store() -> None:
+        await store.append_entries(sid, [now["entry"]])
+
+    async def on_floor() -> None:
+        os.write(floor_fd, now["data"])
+        os.fdatasync(floor_fd)
+
+    async def on_threaded() -> None:
+        await hop(now["data"])
+
+    async def on_hop() -> None:
+        await hop(b"")
+
+    ways = ((on_store, store_s), (on_floor, floor_s), (on_threaded, threaded_s),
+            (on_hop, hop_s))
+
     async def run() -> None:
         nonlocal parent
         await hop(b"")
         for k in range(samples):
-            # Interleaved so the three see the same disk and machine load.
             entry = msgspec.structs.replace(new[k], parent_id=parent)
             parent = entry.id
-            t0 = time.perf_counter()
-            await store.append_entries(sid, [entry])
-            store_s.append(time.perf_counter() - t0)
-            data = encode_entry(entry) + b"\n"
-            t0 = time.perf_counter()
-            os.write(floor_fd, data)
-            os.fdatasync(floor_fd)
-            floor_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            await hop(data)
-            threaded_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            await hop(b"")
-            hop_s.append(time.perf_counter() - t0)
+            now["entry"], now["data"] = entry, encode_entry(entry) + b"\n"
+            # Interleaved so the four see the same disk and machine load, and
+            # each first in turn: the hops' worker thread is still settling
+            # when the next one starts, and it slowed whichever came next by
+            # up to 0.3x the floor.
+            for i in range(len(ways)):
+                way, times = ways[(k + i) % len(ways)]
+                t0 = time.perf_counter()
+                await way()
+                times.append(time.perf_counter() - t0)
 
     asyncio.run(run())
     asyncio.run(store.close())

@@ -7,15 +7,15 @@ Prints a table and writes bench/results/uring_hop.json.
 The file store keeps every fsync off the event loop. Through a worker thread
 that costs a Python thread waking, taking the GIL and waking the loop back.
 Where the kernel allows it, the store instead writes the lines on the loop,
-submits the fdatasync to io_uring and awaits the ring's eventfd
+submits the fdatasync to io_uring and awaits the ring's report
 (``threadline/session/_uring.py``). Each run interleaves, sample by sample,
-on files of one disk:
+on files of one disk, each variant first in turn:
 
 - floor: ``os.write`` + ``os.fdatasync`` on the calling thread (blocks the loop);
 - thread: the same two calls handed to a worker thread and awaited, the least
   a threaded path can cost;
 - io_uring: ``os.write`` on the loop, then the fdatasync submitted to the
-  store's own ring and awaited on its eventfd;
+  store's own ring and awaited on its report;
 - FileStore (io_uring) and FileStore (thread): ``append_entries`` of one
   entry of the same size with fsync durability, through each path.
 
@@ -128,8 +128,12 @@ async def _one_run(root: Path, samples: int) -> dict[str, float]:
         for _ in range(20):
             for fn in variants.values():
                 await fn()
-        for _ in range(samples):
-            for name, fn in variants.items():
+        order = list(variants.items())
+        for k in range(samples):
+            # Each variant first in turn: the thread's worker is still settling
+            # when the next one starts, which slowed whichever came next.
+            for i in range(len(order)):
+                name, fn = order[(k + i) % len(order)]
                 start = time.perf_counter()
                 await fn()
                 times[name].append(time.perf_counter() - start)

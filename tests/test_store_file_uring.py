@@ -2,7 +2,7 @@
 
 Where the kernel lets the process set up a ring, an append writes its lines
 from the event loop and submits the fdatasync to the ring, which reports
-through an eventfd. These tests check that path does what the worker does:
+through the ring's own descriptor. These tests check that path does what the worker does:
 the same bytes, one sync per group, the same errors, and that whatever the
 loop cannot do without waiting (another process's lock, a torn tail, much
 catching up with other writers) goes to the worker. A failed sync is

@@ -298,11 +298,13 @@ class _OpenLog(NamedTuple):
     known: _KnownIds
     version: int
     """The file's format version: how ``frame`` writes to it."""
+    spelled: str
+    """``path`` as a string: every append stats it, and a ``Path`` converts in Python."""
 
     def size_if_current(self) -> int:
         """The file's size if its path still names it (not deleted or replaced), else -1."""
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            st = os.stat(self.spelled, follow_symlinks=False)
         except FileNotFoundError:
             return -1
         return st.st_size if (st.st_dev, st.st_ino) == (self.dev, self.ino) else -1
@@ -1164,7 +1166,7 @@ class FileStore:
             else:  # a load's ids, indexed only now that an append needs them
                 known.ids = dict.fromkeys(kept[0], _UNPLACED)
                 known.size = kept[1]
-        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, version)
+        return _OpenLog(fd, st.st_dev, st.st_ino, path, known, version, str(path))
 
     def _write(self, session_id: str, log: _OpenLog | None,
                batches: Sequence[_Batch] | Callable[[_OpenLog, int], Sequence[_Batch]],

@@ -3,8 +3,9 @@
 A ``FileStore`` keeps every fdatasync off the event loop. Through a worker
 thread that costs a Python thread waking, taking the GIL and waking the loop
 back (bench/uring_hop.py). Here the loop writes the lines itself (to the page
-cache: microseconds) and hands the fdatasync to the kernel, which reports it
-through an eventfd the loop watches, so no Python thread runs at all.
+cache: microseconds) and hands the fdatasync to the kernel. The loop watches
+the ring's own descriptor, readable while completions wait in it, so no
+Python thread runs at all.
 
 The ring is driven through the three system calls and its shared memory,
 with ``ctypes`` and ``mmap``: the one Python binding (``liburing``) ships
@@ -39,10 +40,9 @@ _ENTRIES = 64  # submission slots; each is free again once submitted
 _CQ_ENTRIES = 4096
 
 # From <linux/io_uring.h>. The numbers are the same on every architecture.
-_SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427
+_SYS_SETUP, _SYS_ENTER = 425, 426
 _OP_FSYNC = 3
 _FSYNC_DATASYNC = 1
-_REGISTER_EVENTFD = 4
 _SETUP_CQSIZE = 1 << 3
 _ENTER_GETEVENTS = 1 << 0
 _SQ_CQ_OVERFLOW = 1 << 1
@@ -96,12 +96,8 @@ class Ring:
         struct.pack_into("<3I", params, 0, 0, _CQ_ENTRIES, _SETUP_CQSIZE)
         self.fd = _call(_SYS_SETUP, _ENTRIES, ctypes.addressof(params))
         self._maps: list[mmap.mmap] = []
-        self._efd = -1
         try:
             self._map(_PARAMS.unpack(params.raw))
-            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            arg = ctypes.c_int32(self._efd)
-            _call(_SYS_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.addressof(arg), 1)
         except BaseException:
             self._release()
             raise
@@ -109,7 +105,11 @@ class Ring:
         self._pending: dict[int, Callable[[int], object]] = {}  # by user_data
         self._next = 0
         self.closed = False
-        loop.add_reader(self._efd, self._reap)
+        # Not an eventfd: the ring's descriptor polls readable while a
+        # completion waits in it (or in the kernel's overflow list), and
+        # reaping it is what makes it quiet again, so no read of a counter
+        # is needed on every report.
+        loop.add_reader(self.fd, self._reap)
 
     def _map(self, p: tuple[int, ...]) -> None:
         sq_entries, cq_entries, features = p[0], p[1], p[5]
@@ -171,10 +171,6 @@ class Ring:
         return future
 
     def _reap(self) -> None:
-        try:  # noqa: SIM105 (contextlib.suppress costs two calls on every report)
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
         rings = self._rings
         head = _U32.unpack_from(rings, self._cq_head)[0]
         while True:
@@ -204,16 +200,14 @@ class Ring:
             return
         self.closed = True
         if not self._loop.is_closed():
-            self._loop.remove_reader(self._efd)
+            self._loop.remove_reader(self.fd)
         self._release()
 
     def _release(self) -> None:
         for m in self._maps:
             m.close()
-        for fd in (self._efd, self.fd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def wanted() -> bool:
