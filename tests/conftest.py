@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import settings
 
-from pgbouncer import PgBouncer
+from pgbouncer import PgBouncer, prepared_pgbouncer
 
 if TYPE_CHECKING:
     from store_kinds import StoreSpec
@@ -88,6 +88,27 @@ def pgbouncer(pg_url: str) -> Iterator[PgBouncer]:
 @pytest.fixture(scope="session")
 def pgbouncer_url(pgbouncer: PgBouncer) -> str:
     return pgbouncer.url
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_prepared(pg_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer 1.21 or later, keeping prepared statements (``max_prepared_statements``).
+
+    Three server connections for every client the tests open, so a statement
+    prepared on one is soon run on another, which PgBouncer must prepare first.
+    """
+    binary = prepared_pgbouncer()
+    if binary is None:
+        require_or_skip("no pgbouncer 1.21 or later here (.ci/run builds 1.24 into /opt)")
+    parts = urlsplit(pg_url)
+    bouncer = PgBouncer(server_host=parts.hostname or "127.0.0.1",
+                        server_port=parts.port or 5432,
+                        dbname=parts.path.lstrip("/") or "test",
+                        user=parts.username or "postgres", pool_size=3,
+                        binary=binary, max_prepared_statements=200)
+    bouncer.start()
+    yield bouncer
+    bouncer.close()
 @pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
 def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
     """Each built-in store in turn, as a spec any thread or process can open."""

@@ -2,6 +2,9 @@
 
 ``PgBouncer`` runs the real ``pgbouncer`` binary in transaction pooling mode
 on a free local port, in front of a PostgreSQL server given by host and port.
+``prepared_pgbouncer`` finds a binary of 1.21 or later, which can keep
+protocol-level prepared statements across transaction pooling (Debian 12
+ships 1.18; ``.ci/run`` builds 1.24 from Debian 13's source).
 ``PrivateCluster`` runs a throwaway PostgreSQL cluster (initdb + pg_ctl) that
 a test may stop and restart; the shared server on 5432 is never touched.
 
@@ -61,6 +64,27 @@ def _workdir(prefix: str) -> Path:
     return path
 
 
+PREPARED_SINCE = (1, 21)
+"""The first PgBouncer that keeps prepared statements in transaction pooling."""
+BUILT = Path("/opt/pgbouncer-1.24.1/bin/pgbouncer")
+"""Where ``.ci/run`` installs the PgBouncer it builds."""
+
+
+def pgbouncer_version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    first = out.split()[1]  # "PgBouncer 1.24.1"
+    return tuple(int(part) for part in first.split(".")[:3])
+
+
+def prepared_pgbouncer() -> str | None:
+    """A ``pgbouncer`` binary of version 1.21 or later, if there is one here."""
+    for binary in (shutil.which("pgbouncer"), str(BUILT) if BUILT.exists() else None):
+        if binary is not None and pgbouncer_version(binary) >= PREPARED_SINCE:
+            return binary
+    return None
+
+
 def _as_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", RUN_AS, "--", *argv] if os.geteuid() == 0 else argv
 
@@ -75,10 +99,12 @@ class PgBouncer:
 
     def __init__(self, *, server_host: str = "127.0.0.1", server_port: int = 5432,
                  dbname: str = "test", user: str = "postgres", pool_size: int = 20,
-                 max_client_conn: int = 400) -> None:
+                 max_client_conn: int = 400, binary: str | None = None,
+                 max_prepared_statements: int = 0) -> None:
         self.dir = _workdir("tl-pgbouncer-")
         self.port = free_port()
         self.dbname = dbname
+        self.binary = binary
         self.url = f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
         self.log = self.dir / "pgbouncer.log"
         (self.dir / "userlist.txt").write_text(f'"{user}" ""\n')
@@ -99,6 +125,10 @@ class PgBouncer:
             f"logfile = {self.log}\n"
             f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
             "admin_users = postgres\n"
+            # 1.21 on: protocol-level prepared statements survive transaction
+            # pooling, PgBouncer preparing each on the server connection it uses.
+            + (f"max_prepared_statements = {max_prepared_statements}\n"
+               if max_prepared_statements else "")
         )
         if os.geteuid() == 0:
             for name in ("userlist.txt", "pgbouncer.ini"):
@@ -106,7 +136,7 @@ class PgBouncer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        binary = shutil.which("pgbouncer")
+        binary = self.binary or shutil.which("pgbouncer")
         if binary is None:
             raise FileNotFoundError("pgbouncer is not installed (apt-get install pgbouncer)")
         argv = [binary, str(self.dir / "pgbouncer.ini")]

@@ -33,8 +33,12 @@ connection keeps on the event loop (S47); everything else goes through
 psycopg. Both name their prepared statements per connection after
 ``prepare_threshold`` runs, and neither does with ``None``.
 
-Behind PgBouncer (transaction pooling) pass ``prepare_threshold=None`` so no
-server-side prepared statement outlives a transaction.
+Behind PgBouncer 1.21 or later in transaction pooling, with its
+``max_prepared_statements`` set, the default threshold works: PgBouncer
+prepares each statement on whichever server connection runs it (S49).
+Behind an older PgBouncer, or with that setting at 0, pass
+``prepare_threshold=None`` so no server-side prepared statement outlives a
+transaction.
 """
 
 from __future__ import annotations
@@ -318,7 +322,8 @@ class PostgresStore:
     neither opens nor closes it, and the pool options below are ignored).
     ``schema`` holds the tables; it is created, and migrated under an advisory
     lock, on first use. ``prepare_threshold=None`` disables server-side
-    prepared statements (PgBouncer transaction pooling). ``min_size``,
+    prepared statements (needed behind PgBouncer's transaction pooling before
+    1.21, or with its ``max_prepared_statements`` at 0; S49). ``min_size``,
     ``max_size``, ``timeout`` (seconds to wait for a pooled connection) and
     ``connect_timeout`` shape the pool the store creates. The first use makes
     one plain connection before starting the pool, so a wrong host, database or
