@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,45 @@ async def test_s44_appends_are_written_and_synced_through_the_ring(
         parent = entry.id
     assert len(submitted) == 21  # a new session's first append too
     assert _texts(await store.load_entries("s")) == ["first"] + [f"m{n}" for n in range(20)]
+    await store.close()
+
+
+async def _first_step(call: Coroutine[Any, Any, None]) -> Callable[[], Awaitable[None]]:
+    """Run ``call`` up to where it first waits; what finishes it."""
+    waiting = call.send(None)  # the future the call awaits
+    settled = asyncio.get_running_loop().create_future()
+    waiting.add_done_callback(lambda _: settled.set_result(None))
+
+    async def finish() -> None:
+        await settled
+        with pytest.raises(StopIteration):
+            call.send(None)
+
+    return finish
+
+
+async def test_s44_an_idle_sessions_append_is_written_within_the_call_if_nothing_else_is_due(
+    tmp_path: Path, submitted: list[int]
+) -> None:
+    store = await _started(tmp_path)
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)  # the session's last group settles: it is idle
+    path = store.path_for("s")
+    size = path.stat().st_size
+    assert _uring.alone(loop)
+    finish = await _first_step(store.append_entries("s", [_msg("at once")]))
+    # Written and its sync submitted before the call first waited: nothing
+    # else was due, so no other task could have joined it a turn later.
+    assert path.stat().st_size > size and len(submitted) == 2
+    await finish()
+    # With something else due, the write waits that turn (S34's groups).
+    await asyncio.sleep(0)
+    size = path.stat().st_size
+    loop.call_soon(lambda: None)
+    finish = await _first_step(store.append_entries("s", [_msg("a turn later")]))
+    assert path.stat().st_size == size and len(submitted) == 2
+    await finish()
+    assert _texts(await store.load_entries("s")) == ["first", "at once", "a turn later"]
     await store.close()
 
 

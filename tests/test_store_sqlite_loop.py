@@ -30,7 +30,15 @@ from store_kinds import run_threads
 
 # The ring's test doubles are the file store's (S44): skip without io_uring,
 # and a hook between the store and the ring that delays or changes a report.
-from test_store_file_uring import Done, Submit, Wait, _patch_ring, _slow_ring, ring
+from test_store_file_uring import (
+    Done,
+    Submit,
+    Wait,
+    _first_step,
+    _patch_ring,
+    _slow_ring,
+    ring,
+)
 from test_store_sqlite import _race_close_once
 from threadline.ai._messages import UserMessage
 from threadline.errors import DurabilityError, StoreError
@@ -105,6 +113,33 @@ async def test_s46_appends_commit_on_the_loop_and_sync_the_wal_through_the_ring(
     assert store._wal_fd >= 0 and os.path.samestat(
         os.fstat(store._wal_fd), os.stat(f"{tmp_path / 'db.sqlite'}-wal"))
     assert _texts(await store.load_entries("s")) == ["first"] + [f"m{n}" for n in range(50)]
+    await store.close()
+
+
+async def test_s46_an_idle_stores_append_commits_within_the_call_if_nothing_else_is_due(
+    tmp_path: Path, syncs: Syncs
+) -> None:
+    store = await _started(tmp_path)
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)  # the last group's follow-up runs: the store is idle
+    assert store._lconn is not None and store._busy is None
+    inserts: list[str] = []
+    store._lconn.set_trace_callback(
+        lambda sql: inserts.append(sql) if sql.startswith("INSERT") else None)
+    assert _uring.alone(loop)
+    before = syncs.ring
+    finish = await _first_step(store.append_entries("s", [_msg("at once")]))
+    # Committed, and its sync submitted, before the call first waited.
+    assert len(inserts) == 1 and syncs.ring == before + 1
+    await finish()
+    # With something else due, the commit waits that turn (S42's groups).
+    await asyncio.sleep(0)
+    loop.call_soon(lambda: None)
+    finish = await _first_step(store.append_entries("s", [_msg("a turn later")]))
+    assert len(inserts) == 1 and syncs.ring == before + 1
+    await finish()
+    assert len(inserts) == 2
+    assert _texts(await store.load_entries("s")) == ["first", "at once", "a turn later"]
     await store.close()
 
 

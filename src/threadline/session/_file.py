@@ -158,7 +158,7 @@ from threadline.session._storekit import (
     page_sorted,
     sort_key,
 )
-from threadline.session._uring import Ring, ring_for, wanted
+from threadline.session._uring import Ring, alone, ring_for, wanted
 from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["FileStore", "session_file_name"]
@@ -564,16 +564,6 @@ def _settle(waiters: Sequence[_Waiter], error: BaseException | None) -> None:
             future.set_exception(failure)
 
 
-def _alone(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether no other callback is due before ``loop`` next waits for events.
-
-    Asks the standard loop's own queue; any other loop is assumed busy, so
-    its appends keep starting one turn later.
-    """
-    ready = getattr(loop, "_ready", None)
-    return ready is not None and not ready
-
-
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -703,7 +693,7 @@ class FileStore:
                 # and the write starts at once.
                 if ring is not None:
                     fresh = self._rung[session_id] = _Rung(loop, ring, self, session_id)
-                    if _alone(loop):
+                    if alone(loop):
                         self._queues[session_id] = []
                         now = fresh, self._logs.pop(session_id, None)
                     else:

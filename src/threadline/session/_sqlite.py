@@ -126,7 +126,7 @@ from threadline.session._storekit import (
     page_fetched,
     to_micros,
 )
-from threadline.session._uring import Ring, ring_for, wanted
+from threadline.session._uring import Ring, alone, ring_for, wanted
 from threadline.session._watch import Wakeups, follow, unknown_after
 
 __all__ = ["SQLiteStore"]
@@ -762,6 +762,7 @@ class SQLiteStore:
             return
         loop = asyncio.get_running_loop()
         append = _Append(sid, entries, datas, rows, loop, loop.create_future())
+        now = None
         with self._queued_guard:
             # Under the guard: once close() has seen no one busy, no append
             # may start the loop or the worker again.
@@ -769,17 +770,24 @@ class SQLiteStore:
                 raise StoreError(f"{self.path}: store is closed", session_id=sid)
             self._queued.append(append)
             if self._busy is None:
-                self._start_locked(loop, append)
+                now = self._start_locked(loop, append)
             elif (self._busy == "loop" and self._home is not None
                   and self._home.loop.is_closed()):
                 self._abandon_locked()
+        if now is not None:
+            self._loop_group(now)
         await append.done
         self._wakeups.ring(sid)
 
     # -- who commits the queued appends (S42, S46) ---------------------------------
 
-    def _start_locked(self, loop: asyncio.AbstractEventLoop, append: _Append) -> None:
-        """Hand the queue to this loop, where it has a ring, or else to the worker."""
+    def _start_locked(self, loop: asyncio.AbstractEventLoop, append: _Append) -> _Home | None:
+        """Hand the queue to this loop, where it has a ring, or else to the worker.
+
+        The home to commit on at once, once the guard is let go, if nothing
+        else is due on the loop before it waits: no other task could join
+        the group a turn later.
+        """
         home = self._home
         if home is not None and home.loop is not loop and home.loop.is_closed():
             home = self._home = None  # nothing of its loop is in flight: no one is busy
@@ -792,10 +800,12 @@ class SQLiteStore:
                     home = self._home = _Home(loop, ring)
         if home is not None and home.loop is loop:
             self._busy = "loop"
+            if alone(loop):
+                return home
             # Started once the tasks running now have queued their appends
             # too, so that one transaction and one sync take them all (S42).
             loop.call_soon(self._loop_group, home)
-            return
+            return None
         try:
             self._worker.post(self._drain)
         except _Ended:
@@ -803,6 +813,7 @@ class SQLiteStore:
             raise StoreError(f"{self.path}: store is closed",
                              session_id=append.session_id) from None
         self._busy = "worker"
+        return None
 
     def _take_locked(self) -> list[_Append]:
         queued, self._queued = self._queued, []

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Ring", "ring_for", "wanted"]
+__all__ = ["Ring", "alone", "ring_for", "wanted"]
 
 _ENTRIES = 64  # submission slots; each is free again once submitted
 # Completion slots: one per fdatasync in flight (one per busy session). Any
@@ -208,6 +208,18 @@ class Ring:
             m.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def alone(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no other callback is due before ``loop`` next waits for events.
+
+    The stores start a write one turn later, so that the tasks running now
+    can add theirs to it; when nothing else is due, none can, and an append
+    starts at once. Asks the standard loop's own queue; any other loop is
+    taken as busy, and its appends keep starting one turn later.
+    """
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
 
 
 def wanted() -> bool:
