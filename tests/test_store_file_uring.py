@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -503,6 +504,37 @@ async def test_s44_a_forked_child_sets_up_its_own_ring(
     await store.append_entries("s", [_msg("parent again")])  # the parent's ring still works
     assert _texts(await store.load_entries("s")) == ["first", "parent", "parent again"]
     assert _texts(await store.load_entries("child")) == ["parent first", "from the child"]
+
+
+async def test_s44_a_ring_whose_descriptor_never_reports_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop waits for every sync by polling the ring's descriptor. A
+    # kernel whose ring never polled readable would leave each append
+    # waiting for ever: a new ring's no-op must be reported, or the ring is
+    # refused and the stores keep their worker thread.
+    monkeypatch.setattr(_uring, "_shared", _uring._Shared())
+    waited: list[float] = []
+
+    def never(read: list[int], write: list[int], error: list[int],
+              timeout: float) -> tuple[list[int], list[int], list[int]]:
+        waited.append(timeout)
+        return [], [], []
+
+    monkeypatch.setattr(_uring, "select", types.SimpleNamespace(select=never))
+    open_fds = len(os.listdir("/proc/self/fd"))
+    assert _uring.ring_for(asyncio.get_running_loop()) is None
+    assert waited == [_uring._PROBE_WAIT]
+    assert "did not report a completed no-op" in (_uring._shared.unusable or "")
+    assert len(os.listdir("/proc/self/fd")) == open_fds  # the refused ring is closed
+    synced: list[int] = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_sync(fd)))
+    store = await _started(tmp_path)
+    await store.append_entries("s", [_msg("through the worker")])
+    assert len(synced) >= 2  # each append's sync, by the worker
+    assert _texts(await store.load_entries("s")) == ["first", "through the worker"]
+    await store.close()
 
 
 async def test_s44_turned_off_by_the_environment(

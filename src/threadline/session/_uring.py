@@ -26,6 +26,7 @@ import ctypes
 import errno
 import mmap
 import os
+import select
 import struct
 import sys
 import threading
@@ -41,8 +42,10 @@ _CQ_ENTRIES = 4096
 
 # From <linux/io_uring.h>. The numbers are the same on every architecture.
 _SYS_SETUP, _SYS_ENTER = 425, 426
-_OP_FSYNC = 3
+_OP_NOP, _OP_FSYNC = 0, 3
 _FSYNC_DATASYNC = 1
+_SQE_ASYNC = 1 << 4  # IOSQE_ASYNC (Linux 5.6): the kernel's worker runs it, as it runs a sync
+_PROBE_WAIT = 5.0  # seconds for the probe's no-op to be reported
 _SETUP_CQSIZE = 1 << 3
 _ENTER_GETEVENTS = 1 << 0
 _SQ_CQ_OVERFLOW = 1 << 1
@@ -105,6 +108,11 @@ class Ring:
         self._pending: dict[int, Callable[[int], object]] = {}  # by user_data
         self._next = 0
         self.closed = False
+        try:
+            self._probe()
+        except BaseException:
+            self._release()
+            raise
         # Not an eventfd: the ring's descriptor polls readable while a
         # completion waits in it (or in the kernel's overflow list), and
         # reaping it is what makes it quiet again, so no read of a counter
@@ -145,12 +153,7 @@ class Ring:
         exception handler).
         """
         self._next = key = self._next + 1
-        tail = self._tail
-        _SQE.pack_into(self._sqes, (tail & self._sq_mask) * _SQE.size,
-                       _OP_FSYNC, 0, 0, fd, 0, 0, 0, _FSYNC_DATASYNC, key, 0, 0, 0, 0, 0)
-        # The kernel reads the tail inside io_uring_enter, after these stores.
-        self._tail = tail = (tail + 1) & 0xFFFFFFFF
-        _U32.pack_into(self._rings, self._sq_tail, tail)
+        self._push(_OP_FSYNC, 0, fd, _FSYNC_DATASYNC, key)
         self._pending[key] = done
         if _shared.syscall(_SYS_ENTER, self.fd, 1, 0, 0, 0, 0) != 1:
             del self._pending[key]
@@ -158,6 +161,33 @@ class Ring:
             err = ctypes.get_errno()
             raise OSError(err or errno.EIO, f"io_uring did not take the fdatasync of fd {fd}: "
                           f"{os.strerror(err or errno.EIO)}")
+
+    def _push(self, opcode: int, flags: int, fd: int, op_flags: int, key: int) -> None:
+        """Put one request in the next submission slot (submitted by the next enter)."""
+        tail = self._tail
+        _SQE.pack_into(self._sqes, (tail & self._sq_mask) * _SQE.size,
+                       opcode, flags, 0, fd, 0, 0, 0, op_flags, key, 0, 0, 0, 0, 0)
+        # The kernel reads the tail inside io_uring_enter, after these stores.
+        self._tail = tail = (tail + 1) & 0xFFFFFFFF
+        _U32.pack_into(self._rings, self._sq_tail, tail)
+
+    def _probe(self) -> None:
+        """Check that the descriptor wakes a poller when the kernel's worker completes.
+
+        Every sync is awaited by polling the descriptor, so a kernel whose
+        ring never polled readable would leave appends waiting for ever:
+        such a ring is refused here, and the stores keep their worker thread.
+        A kernel before 5.6 refuses the no-op's flag, and reports that at once.
+        """
+        self._push(_OP_NOP, _SQE_ASYNC, -1, 0, 0)  # user_data 0: no caller's key
+        if _shared.syscall(_SYS_ENTER, self.fd, 1, 0, 0, 0, 0) != 1:
+            err = ctypes.get_errno() or errno.EIO
+            raise OSError(err, f"io_uring did not take a no-op: {os.strerror(err)}")
+        readable, _, _ = select.select([self.fd], [], [], _PROBE_WAIT)
+        if not readable:
+            raise OSError(errno.ENOSYS, "the io_uring descriptor did not report a completed "
+                          f"no-op within {_PROBE_WAIT:g} s")
+        self._reap()
 
     def wait(self, fd: int) -> asyncio.Future[int]:
         """``fdatasync`` as a future, for callers that can afford the extra turn."""
