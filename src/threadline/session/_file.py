@@ -867,9 +867,12 @@ class FileStore:
         return self._check_record(_read_head(fd), session_id, path)
 
     def _check_record(
-        self, data: bytes, session_id: str | None, path: str | Path
+        self, data: bytes, session_id: str | None, path: str | Path, name: str | None = None
     ) -> SessionRecord:
         """The record in the first line of ``data`` (which may hold more lines).
+
+        ``name``: the file's name, where the caller has it (the listing's
+        directory entries), so it is not split off ``path`` again.
 
         Nothing of a file that does not start like a session log is quoted:
         it may be anything, a secret included.
@@ -884,7 +887,7 @@ class FileStore:
             raise CorruptLog(detail, session_id=session_id, path=str(path), line=1)
         record = decode_init(data[:newline], session_id=session_id, path=str(path))
         expected = session_id if session_id is not None else record.id
-        if record.id != expected or not _holds(os.path.basename(path), record.id):
+        if record.id != expected or not _holds(name or os.path.basename(path), record.id):
             raise CorruptLog(
                 f"session_init names session {_short(record.id)}, which does not belong in "
                 f"this file",
@@ -1452,7 +1455,7 @@ class FileStore:
         except OSError as exc:
             return _Listed(item.inode(), CorruptLog(f"cannot read: {exc}", path=path), now)
         try:
-            found: SessionRecord | CorruptLog = self._check_record(head, None, path)
+            found: SessionRecord | CorruptLog = self._check_record(head, None, path, item.name)
         except CorruptLog as exc:
             found = exc
         return _Listed(item.inode(), found, now)

@@ -89,11 +89,14 @@ def aware(dt: datetime) -> datetime:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(0, 0, 1)
 
 
 def to_micros(dt: datetime) -> int:
     """Microseconds since the Unix epoch; a naive time is taken as UTC."""
-    return (aware(dt) - _EPOCH) // timedelta(microseconds=1)
+    # aware() inline and the divisor made once: this runs for every SQL append
+    # and every record a listing sorts, and took three times as long.
+    return ((dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)) - _EPOCH) // _MICROSECOND
 
 
 def from_micros(us: int) -> datetime:
