@@ -1,125 +1,96 @@
-"""CLI benchmark: ``show`` of a long session against ``export`` of the same session.
+"""The ``threadline`` command on long sessions, against ``export`` of the same session.
 
-    .venv/bin/python bench/cli.py            # 100,000 entries (about a minute)
-    .venv/bin/python bench/cli.py --quick    # 10,000 entries, for a smoke test
-
-Prints a table and writes bench/results/cli.json.
-
-One linear file-store session of realistic messages (user text, assistant
-text with a tool call, tool results). Each command runs as a real child
-process with stdout redirected to a file, the way ``threadline show S > f``
-or a pager would consume it, so process start-up, loading and writing all
-count. ``export`` (load, then write the stored bytes) is the floor: ``show``
-has to load the same log and then describe every entry on the path.
-Commands are interleaved, and the median of the repetitions is reported.
+One linear file-store session of 100,000 realistic messages, and a store
+holding one session of 40,000 with a branch every 50 entries. Each command
+runs as a real child process with stdout sent to a file, as ``threadline
+show S > f`` or a pager would consume it, so start-up, loading and writing
+all count. ``export`` (load, then write the stored bytes) is the floor for
+what reads a whole session: ``show`` and ``tree`` describe every entry,
+``export --format html`` draws the page holding the leaf. ``list`` reads
+only the catalog, so its floor is the command starting (``--version``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
-import platform
-import random
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from threadline.ai import AssistantMessage, TextPart, ToolCall, ToolResultMessage, UserMessage
-from threadline.session import FileStore, MessageEntry, SessionRecord
+import msgspec
 
-RESULTS = Path(__file__).parent / "results" / "cli.json"
+from bench._harness import Run, alternate, at_most
+from bench._targets import Entry, FileStore, SessionRecord
+from bench._workloads import realistic
+
+NEEDS = ()
+MINUTES = 2
 CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
-WORDS = ("the", "order", "shipped", "yesterday", "from", "our", "warehouse", "and", "should",
-         "arrive", "within", "three", "business", "days", "please", "check", "the",
-         "tracking", "link", "for", "updates")
 
 
-def _text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+def _branched(count: int) -> list[Entry]:
+    """``realistic`` messages in a chain that forks every 50 entries."""
+    entries: list[Entry] = []
+    for n, entry in enumerate(realistic(count, seed=11)):
+        parent = entries[-10].id if n % 50 == 49 else (entries[-1].id if entries else None)
+        entries.append(msgspec.structs.replace(entry, parent_id=parent))
+    return entries
 
 
-async def build(root: Path, count: int) -> None:
-    rng = random.Random(7)
-    store = FileStore(root, durability="flush")
-    await store.create_session(SessionRecord(id="long"))
-    parent: str | None = None
-    batch: list[MessageEntry] = []
-    for i in range(count):
-        kind = i % 3
-        if kind == 0:
-            msg: UserMessage | AssistantMessage | ToolResultMessage = UserMessage(
-                content=(TextPart(text=_text(rng, 30)),))
-        elif kind == 1:
-            msg = AssistantMessage(content=(TextPart(text=_text(rng, 60)), ToolCall(
-                id=f"c{i}", name="lookup_order", arguments={"order_id": str(i)})),
-                stop_reason="tool_use")
-        else:
-            msg = ToolResultMessage(tool_call_id=f"c{i - 1}", tool_name="lookup_order",
-                                    content=(TextPart(text=_text(rng, 40)),))
-        entry = MessageEntry(parent_id=parent, message=msg)
-        parent = entry.id
-        batch.append(entry)
-        if len(batch) == 1000:
-            await store.append_entries("long", batch)
-            batch = []
-    if batch:
-        await store.append_entries("long", batch)
-    await store.close()
+def main(run: Run) -> None:
+    count, forty, turns = run.pick((100_000, 40_000, 5), (2_000, 2_000, 2))
+    root = run.tmp / "s"
+    branched = run.tmp / "b"
 
+    async def build() -> None:
+        for where, sid, entries in ((root, "long", realistic(count, seed=7)),
+                                    (branched, "forty", _branched(forty))):
+            store = FileStore(where, durability="flush")
+            await store.create_session(SessionRecord(id=sid))
+            for start in range(0, len(entries), 1000):
+                await store.append_entries(sid, entries[start:start + 1000])
+            await store.close()
 
-def timed(argv: list[str], out: Path) -> float:
+    asyncio.run(build())
+    out = run.tmp / "out"
     env = dict(os.environ, NO_COLOR="1")
-    with out.open("wb") as f:
-        start = time.perf_counter()
-        subprocess.run([*CLI, *argv], stdout=f, check=True, env=env)
-        return time.perf_counter() - start
 
+    def command(*argv: str, store: Path = root) -> object:
+        def call() -> None:
+            with out.open("wb") as f:
+                subprocess.run([*CLI, "--store", str(store), *argv], stdout=f, check=True,
+                               env=env, stderr=subprocess.DEVNULL)
+        return call
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeat", type=int, default=5)
-    opts = ap.parse_args()
-    count = 10_000 if opts.quick else 100_000
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "s"
-        asyncio.run(build(root, count))
-        size = (root / "long.jsonl").stat().st_size
-        store = ["--store", str(root)]
-        commands = {
-            "export": [*store, "export", "long"],
-            "show": [*store, "show", "long", "--no-pager"],
-            "show --json": [*store, "show", "long", "--json"],
-            "show --tail 20": [*store, "show", "long", "--tail", "20"],
-        }
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(opts.repeat):
-            for name, argv in commands.items():
-                times[name].append(timed(argv, Path(tmp) / "out"))
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    floor = medians["export"]
-    rows = [{"command": name, "median_s": m, "ratio_to_export": m / floor,
-             "samples": len(times[name])} for name, m in medians.items()]
-    print(f"\nthreadline CLI on one session of {count:,} entries ({size / 1e6:.0f} MB), "
-          f"median of {opts.repeat}\n")
-    print(f"| {'command':<16} | {'seconds':>8} | {'÷ export':>8} |")
-    print(f"|{'-' * 18}|{'-' * 10}:|{'-' * 10}:|")
-    for row in rows:
-        print(f"| {row['command']:<16} | {row['median_s']:>8.2f} "
-              f"| {row['ratio_to_export']:>8.2f} |")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpu_count": os.cpu_count()},
-        "entries": count, "file_bytes": size, "rows": rows,
-    }, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main()
+    got = asyncio.run(alternate({
+        "export": command("export", "long"),
+        "show": command("show", "long", "--no-pager"),
+        "show --json": command("show", "long", "--json"),
+        "show --tail 20": command("show", "long", "--tail", "20"),
+    }, turns))
+    size = Path(root / "long.jsonl").stat().st_size
+    for name in ("show", "show --json", "show --tail 20"):
+        run.row(f"threadline {name}, a session of {count:,} entries ({size / 1e6:.0f} MB)",
+                got.median(name), "s", versus="threadline export of the same session",
+                versus_value=got.median("export"), ratio=got.paired(name, "export"),
+                detail=f"child processes, median of {turns} paired turns")
+    got = asyncio.run(alternate({
+        "export": command("export", "forty", store=branched),
+        "tree": command("tree", "forty", "--no-pager", store=branched),
+        "tree --json": command("tree", "forty", "--json", store=branched),
+        "export --format html": command("export", "forty", "--format", "html", store=branched),
+        "list": command("list", store=branched),
+        "--version": command("--version", store=branched),
+    }, turns))
+    size = Path(branched / "forty.jsonl").stat().st_size
+    for name in ("tree", "tree --json", "export --format html"):
+        run.row(f"threadline {name}, a session of {forty:,} entries with a branch every 50 "
+                f"({size / 1e6:.0f} MB)", got.median(name), "s",
+                versus="threadline export of the same session",
+                versus_value=got.median("export"), ratio=got.paired(name, "export"),
+                goal=at_most(3.0), detail=f"child processes, median of {turns} paired turns")
+    run.row(f"threadline list, a store holding that one session of {forty:,} entries",
+            got.median("list"), "s", versus="threadline --version (the command starting)",
+            versus_value=got.median("--version"), ratio=got.paired("list", "--version"),
+            goal=at_most(2.0), detail=f"child processes, median of {turns} paired turns")

@@ -1,41 +1,25 @@
-"""Importers: reading a pi or Claude Code transcript into threadline entries.
+"""Importing a pi or Claude Code transcript, against parsing its lines.
 
-Each scenario reads the same synthetic transcript (turns of a user prompt,
-a tool call with its usage and cost, the tool result and a text reply), in
-the same process and run, two ways:
-
-- import: ``import_pi`` / ``import_claude_code``, which parse every line,
-  check the tree, map it to threadline entries and keep the rest raw;
-- floor: ``msgspec.json.decode`` of every line into plain dicts, which is
-  the least any reader of the file must do.
-
-The ratio is import / floor, with and without encoding the entries one line
-each (``export_lines``, as an export writes them). Timings are the best of several
-repetitions (the machine may be shared; the minimum is the least disturbed).
-
-    .venv/bin/python bench/importers.py            # full
-    .venv/bin/python bench/importers.py --quick    # smaller, for a smoke run
-
-Writes bench/results/importers.json.
+The same synthetic transcript (turns of a user prompt, a tool call with its
+usage and cost, the tool result and a text reply), read in turns two ways:
+``import_pi`` / ``import_claude_code`` (parse every line, check the tree, map
+it to threadline entries, keep the rest raw), and the floor, ``msgspec``
+parsing every line untyped, the least any reader of the file must do.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import msgspec
+from bench._floors import decode_each
+from bench._harness import Run, alternate_sync
+from bench._targets import import_claude_code, import_pi
 
-from threadline.integrations.importers import import_claude_code, import_pi
-from threadline.session._codec import export_lines
-
-RESULTS = Path(__file__).resolve().parent / "results" / "importers.json"
+NEEDS = ()
+MINUTES = 0.5
 T0 = 1_764_000_000_000
 
 
@@ -98,59 +82,19 @@ def claude_session(turns: int) -> bytes:
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
-def best_ns(work: Callable[[], Any], reps: int) -> int:
-    best = None
-    for _ in range(reps):
-        start = time.perf_counter_ns()
-        work()
-        elapsed = time.perf_counter_ns() - start
-        best = elapsed if best is None else min(best, elapsed)
-    assert best is not None
-    return best
-
-
-def measure(name: str, data: bytes, importer: Callable[[bytes, str], Any],
-            reps: int) -> dict[str, Any]:
+def measure(run: Run, name: str, data: bytes, importer: Callable[[bytes, str], Any],
+            turns: int) -> None:
     lines = data.split(b"\n")[:-1]
-    floor = best_ns(lambda: [msgspec.json.decode(line) for line in lines], reps)
-    imported = best_ns(lambda: importer(data, "bench.jsonl"), reps)
-    encoded = best_ns(lambda: [export_lines(s.entries) for s in importer(data, "b")], reps)
-    return {
-        "scenario": name,
-        "lines": len(lines),
-        "bytes": len(data),
-        "floor_us_per_line": floor / len(lines) / 1e3,
-        "import_us_per_line": imported / len(lines) / 1e3,
-        "import_over_floor": imported / floor,
-        "import_and_encode_over_floor": encoded / floor,
-    }
+    got = alternate_sync({"import": lambda: importer(data, "bench.jsonl"),
+                          "floor": lambda: decode_each(lines)}, turns, collect=True)
+    run.row(f"import of a {len(lines):,}-line {name} transcript, per line",
+            got.median("import") / len(lines) * 1e6, "µs",
+            versus="msgspec parsing each line, untyped",
+            versus_value=got.median("floor") / len(lines) * 1e6,
+            ratio=got.paired("import", "floor"), detail=f"median of {turns} paired turns")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    turns, reps = (200, 3) if args.quick else (2_500, 9)
-    rows = [measure("pi", pi_session(turns), import_pi, reps),
-            measure("claude code", claude_session(turns), import_claude_code, reps)]
-    header = (f"{'scenario':<13}{'lines':>8}{'floor µs':>10}{'import µs':>11}"
-              f"{'import/floor':>14}{'+encode/floor':>15}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['scenario']:<13}{r['lines']:>8}{r['floor_us_per_line']:>10.2f}"
-              f"{r['import_us_per_line']:>11.2f}{r['import_over_floor']:>14.2f}"
-              f"{r['import_and_encode_over_floor']:>15.2f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "quick": args.quick,
-        "repetitions": reps,
-        "rows": rows,
-    }, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main()
+def main(run: Run) -> None:
+    turns, reps = run.pick((2_500, 9), (100, 2))
+    measure(run, "pi", pi_session(turns), import_pi, reps)
+    measure(run, "Claude Code", claude_session(turns), import_claude_code, reps)

@@ -1,44 +1,39 @@
-"""Agent-loop overhead: what ``AgentLoop`` adds per streamed event and per tool call.
+"""What ``AgentLoop`` adds per streamed event and per tool call, over producing the events.
 
-Each scenario runs the loop with ``ScriptedModel`` (offline, no delays) and,
-in the same process and run, two references:
+Each scenario runs the loop on ``ScriptedModel`` (offline, no delays) and, in
+turns with it, two references whose sum is the floor:
 
-- model: consuming the scripted model's streams directly, for the same
-  requests: the cost of producing the events, which the loop cannot avoid;
-- bare: a plain async generator that yields the very same agent events (and,
-  for tool scenarios, awaits the same tool function once per call): the floor
-  of delivering those events to a consumer.
+- model: consuming the scripted model's streams for the same requests (the
+  cost of producing the events, which the loop cannot avoid);
+- bare: a plain async generator yielding the very same agent events, and
+  awaiting the same tool function once per call.
 
-overhead = loop - model - bare, reported per agent event and per tool call
-(the per-tool figure also carries the per-event cost of that call's events).
-Timings are the best of several repetitions (the machine may be shared; the
-minimum is the least disturbed figure).
-
-    .venv/bin/python bench/loop.py            # full
-    .venv/bin/python bench/loop.py --quick    # smaller, for a smoke run
-
-Writes bench/results/loop.json.
+The overhead (loop - model - bare) is reported per event and per tool call.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
-import json
-import platform
-import sys
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from threadline.agent import AgentEvent, AgentLoop, MessageEnd
-from threadline.ai import AssistantMessage, Request, ToolResult, UserMessage, tool
-from threadline.testing import Call, ScriptedModel, Text, Turn
+from bench._harness import Run, alternate, median, us
+from bench._targets import (
+    AgentEvent,
+    AgentLoop,
+    AssistantMessage,
+    Call,
+    MessageEnd,
+    ScriptedModel,
+    Text,
+    ToolResult,
+    Turn,
+    UserMessage,
+    tool,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "loop.json"
+NEEDS = ()
+MINUTES = 0.5
 
 
 @tool
@@ -47,130 +42,70 @@ async def echo(value: int) -> ToolResult:
     return ToolResult.text(str(value))
 
 
-@dataclass
-class Scenario:
-    name: str
-    script: Callable[[], list[Turn]]
-    parallel: bool = True
-
-
-def scenarios(scale: int) -> list[Scenario]:
-    chunks = 2_000 * scale
-
+def scenarios(scale: int) -> dict[str, tuple[Callable[[], list[Turn]], bool]]:
     def stream() -> list[Turn]:
-        return [Turn(Text(*(["tok "] * chunks)))]
+        return [Turn(Text(*(["tok "] * (2_000 * scale))))]
 
     def tools() -> list[Turn]:
-        turns = [
-            Turn(*(Call("echo", {"value": t * 10 + k}) for k in range(10)))
-            for t in range(20 * scale)
-        ]
+        turns = [Turn(*(Call("echo", {"value": t * 10 + k}) for k in range(10)))
+                 for t in range(20 * scale)]
         return [*turns, Turn.text("done")]
 
-    return [
-        Scenario("text stream", stream),
-        Scenario("tools, parallel", tools),
-        Scenario("tools, sequential", tools, parallel=False),
-    ]
+    return {"a streamed text": (stream, True), "tool calls, parallel": (tools, True),
+            "tool calls, sequential": (tools, False)}
 
 
-async def run_loop(s: Scenario) -> tuple[int, list[AgentEvent], list[Request]]:
-    model = ScriptedModel(s.script())
-    loop = AgentLoop(model, [echo], parallel_tools=s.parallel, max_turns=None)
-    events: list[AgentEvent] = []
-    append = events.append
-    start = time.perf_counter_ns()
-    async for ev in loop.run([], [UserMessage.of("go")]):
-        append(ev)
-    elapsed = time.perf_counter_ns() - start
-    return elapsed, events, model.requests
-
-
-async def run_model(s: Scenario, requests: Sequence[Request]) -> int:
-    model = ScriptedModel(s.script())
-    sink: list[Any] = []
-    append = sink.append
-    start = time.perf_counter_ns()
-    for request in requests:
-        async for ev in model.stream(request):
-            append(ev)
-    return time.perf_counter_ns() - start
-
-
-async def _bare(events: Sequence[AgentEvent], tool_args: Sequence[int]) -> AsyncIterator[Any]:
-    for value in tool_args:  # the tool work the loop does, without the loop
+async def _bare(events: Sequence[AgentEvent], args: Sequence[int]) -> AsyncIterator[Any]:
+    for value in args:
         await echo.fn(value=value)
     for ev in events:
         yield ev
 
 
-async def run_bare(events: Sequence[AgentEvent], tool_args: Sequence[int]) -> int:
-    sink: list[Any] = []
-    append = sink.append
-    start = time.perf_counter_ns()
-    async for ev in _bare(events, tool_args):
-        append(ev)
-    return time.perf_counter_ns() - start
+async def measure(run: Run, name: str, script: Callable[[], list[Turn]], parallel: bool,
+                  turns: int) -> None:
+    def loop() -> AgentLoop:
+        return AgentLoop(ScriptedModel(script()), [echo], parallel_tools=parallel,
+                         max_turns=None)
 
-
-async def measure(s: Scenario, reps: int) -> dict[str, Any]:
-    loops, models, bares = [], [], []
-    events: list[AgentEvent] = []
-    for _ in range(reps):
-        gc.collect()
-        elapsed, events, requests = await run_loop(s)
-        loops.append(elapsed)
-        tool_args = [
-            c.arguments["value"] for e in events
+    scripted = ScriptedModel(script())
+    first = AgentLoop(scripted, [echo], parallel_tools=parallel, max_turns=None)
+    events = [ev async for ev in first.run([], [UserMessage.of("go")])]
+    requests = scripted.requests
+    args = [c.arguments["value"] for e in events
             if isinstance(e, MessageEnd) and isinstance(e.message, AssistantMessage)
-            for c in e.message.tool_calls
-        ]
-        gc.collect()
-        models.append(await run_model(s, requests))
-        gc.collect()
-        bares.append(await run_bare(events, tool_args))
-    loop_ns, model_ns, bare_ns = (min(x) for x in (loops, models, bares))
-    calls = sum(1 for e in events if e.type == "tool_execution_end")
-    overhead = loop_ns - model_ns - bare_ns
-    return {
-        "scenario": s.name,
-        "events": len(events),
-        "tool_calls": calls,
-        "loop_ms": loop_ns / 1e6,
-        "model_ms": model_ns / 1e6,
-        "bare_ms": bare_ns / 1e6,
-        "overhead_us_per_event": overhead / len(events) / 1e3,
-        "overhead_us_per_tool_call": overhead / calls / 1e3 if calls else None,
-        "loop_over_model_plus_bare": loop_ns / (model_ns + bare_ns),
-    }
+            for c in e.message.tool_calls]
+    calls = len(args)
+
+    async def with_loop() -> None:
+        async for _ in loop().run([], [UserMessage.of("go")]):
+            pass
+
+    async def model_only() -> None:
+        model = ScriptedModel(script())
+        for request in requests:
+            async for _ in model.stream(request):
+                pass
+
+    async def bare() -> None:
+        async for _ in _bare(events, args):
+            pass
+
+    got = await alternate({"loop": with_loop, "model": model_only, "bare": bare}, turns,
+                          collect=True)
+    overhead = [lp - m - b for lp, m, b in zip(got.wall["loop"], got.wall["model"],
+                                               got.wall["bare"], strict=True)]
+    floor = [m + b for m, b in zip(got.wall["model"], got.wall["bare"], strict=True)]
+    versus = "the model's streams + a bare generator of the same events"
+    per, count = ("tool call", calls) if calls else ("event", len(events))
+    run.row(f"agent loop, {name}: time added per {per}", us(median(overhead)) / count, "µs",
+            versus=versus, versus_value=us(median(floor)) / count,
+            ratio=median([lp / f for lp, f in zip(got.wall["loop"], floor, strict=True)]),
+            detail=f"{len(events)} events, {calls} tool calls; the ratio is the whole "
+                   f"run's over the floor's, median of {turns} turns")
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    scale, reps = (1, 3) if args.quick else (2, 11)
-    rows = [await measure(s, reps) for s in scenarios(scale)]
-    header = (f"{'scenario':<20}{'events':>8}{'calls':>7}{'loop ms':>10}{'model ms':>10}"
-              f"{'bare ms':>10}{'µs/event':>10}{'µs/call':>9}{'ratio':>7}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        per_call = r["overhead_us_per_tool_call"]
-        print(f"{r['scenario']:<20}{r['events']:>8}{r['tool_calls']:>7}{r['loop_ms']:>10.2f}"
-              f"{r['model_ms']:>10.2f}{r['bare_ms']:>10.2f}{r['overhead_us_per_event']:>10.2f}"
-              f"{(f'{per_call:.1f}' if per_call is not None else '-'):>9}"
-              f"{r['loop_over_model_plus_bare']:>7.2f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "quick": args.quick,
-        "repetitions": reps,
-        "rows": rows,
-    }, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    asyncio.run(main())
+def main(run: Run) -> None:
+    scale, turns = run.pick((2, 11), (1, 2))
+    for name, (script, parallel) in scenarios(scale).items():
+        asyncio.run(measure(run, name, script, parallel, turns))

@@ -1,57 +1,38 @@
-"""Provider overhead: what our stream adds on top of iterating the official SDK.
+"""A provider's stream against iterating the official SDK's own stream of the same response.
 
-A local HTTP server (tests/wire_server.py) sends one Chat Completions or
-Anthropic response of N server-sent events (in one write, so the server's
-own cost stays small). In the same process and run we time:
-
-- sdk: iterating the SDK's own stream (``create(stream=True)``), the floor;
-- ours: ``model.stream(...)`` consumed to the end, no abort signal;
-- ours+abort: the same with an abort event, so each chunk read is raced
-  against it.
-
-overhead per chunk = (ours - sdk) / N. Best of several repetitions.
-
-    .venv/bin/python bench/providers.py [--quick]
-
-Writes bench/results/providers.json.
+A local HTTP server (the test suite's wire server) sends one Chat
+Completions or Anthropic Messages response of 4,000 server-sent events in
+one write. In turns: the SDK's own ``create(stream=True)`` iterated to the
+end (the floor, on a client made here with the same settings), and
+threadline's ``model.stream(...)`` consumed to the end.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import platform
-import sys
-import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from bench._harness import Run, alternate, test_helper
+from bench._targets import ModelInfo, Request, UserMessage, providers
 
-from threadline.ai import ModelInfo, Request, StreamOptions, UserMessage
-from threadline.ai.providers import AnthropicModel, OpenAIChatModel
-from wire_server import WireServer, sse_data, sse_named, sse_reply
-
-RESULTS = Path(__file__).resolve().parent / "results" / "providers.json"
+NEEDS = ("import:openai,anthropic",)
+MINUTES = 0.5
 REQ = Request(messages=(UserMessage.of("go"),))
 
 
-def chat_chunks(n: int) -> list[Any]:
+def chat_body(wire: Any, n: int) -> list[bytes]:
     def c(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    # One write: the server's per-write cost would otherwise blur the client's.
-    return [b"".join(sse_data([c({"content": "tok "}) for _ in range(n)] + [c({}, "stop")]))]
+    return [b"".join(wire.sse_data([c({"content": "tok "}) for _ in range(n)] + [c({}, "stop")]))]
 
 
-def anthropic_chunks(n: int) -> list[Any]:
+def anthropic_body(wire: Any, n: int) -> list[bytes]:
     start = {"type": "message_start", "message": {
         "id": "m", "type": "message", "role": "assistant", "content": [], "model": "m",
         "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 1, "output_tokens": 1}}}
-    return [b"".join(sse_named([
+    return [b"".join(wire.sse_named([
         start,
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         *({"type": "content_block_delta", "index": 0,
@@ -63,77 +44,57 @@ def anthropic_chunks(n: int) -> list[Any]:
     ]))]
 
 
-async def best(fns: list[Callable[[], Awaitable[None]]], reps: int) -> list[float]:
-    """Best time of each function, the functions interleaved so load spikes hit all alike."""
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, ts in zip(fns, times, strict=True):
-            t0 = time.perf_counter()
-            await fn()
-            ts.append(time.perf_counter() - t0)
-    return [min(ts) for ts in times]
+async def scenario(run: Run, name: str, n: int, turns: int) -> None:
+    import anthropic
+    import openai
 
-
-async def scenario(name: str, n: int, reps: int) -> dict[str, Any]:
-    async with WireServer() as srv:
-        if name == "openai-chat":
-            body = chat_chunks(n)
-            model: Any = OpenAIChatModel(ModelInfo(provider="openai", id="m"), api_key="k",
+    wire = test_helper("wire_server")
+    ours = providers()
+    async with wire.WireServer() as srv:
+        if name == "OpenAI Chat Completions":
+            body = chat_body(wire, n)
+            model: Any = ours.OpenAIChatModel(ModelInfo(provider="openai", id="m"), api_key="k",
                                          base_url=srv.url + "/v1", max_retries=0)
+            client: Any = openai.AsyncOpenAI(api_key="k", base_url=srv.url + "/v1",
+                                             max_retries=0)
 
             async def sdk() -> None:
-                srv.reply(sse_reply(body))
-                stream = await model._client.chat.completions.create(
+                srv.reply(wire.sse_reply(body))
+                stream = await client.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "go"}], stream=True)
                 async for _ in stream:
                     pass
         else:
-            body = anthropic_chunks(n)
-            model = AnthropicModel(ModelInfo(provider="anthropic", id="m"), api_key="k",
+            body = anthropic_body(wire, n)
+            model = ours.AnthropicModel(ModelInfo(provider="anthropic", id="m"), api_key="k",
                                    base_url=srv.url, max_retries=0)
+            client = anthropic.AsyncAnthropic(api_key="k", base_url=srv.url, max_retries=0)
 
             async def sdk() -> None:
-                srv.reply(sse_reply(body))
-                stream = await model._client.messages.create(
+                srv.reply(wire.sse_reply(body))
+                stream = await client.messages.create(
                     model="m", max_tokens=10, messages=[{"role": "user", "content": "go"}],
                     stream=True)
                 async for _ in stream:
                     pass
 
-        async def ours(abort: asyncio.Event | None = None) -> None:
-            srv.reply(sse_reply(body))
-            async for _ in model.stream(REQ, StreamOptions(abort=abort)):
+        async def threadline() -> None:
+            srv.reply(wire.sse_reply(body))
+            async for _ in model.stream(REQ):
                 pass
 
-        await sdk()  # warm the connection pool and imports
-        await ours()
-        t_sdk, t_ours, t_abort = await best([sdk, ours, lambda: ours(asyncio.Event())], reps)
+        got = await alternate({"sdk": sdk, "ours": threadline}, turns)
         await model.aclose()
-    return {
-        "provider": name, "chunks": n, "sdk_s": t_sdk, "ours_s": t_ours, "ours_abort_s": t_abort,
-        "overhead_us_per_chunk": (t_ours - t_sdk) / n * 1e6,
-        "overhead_abort_us_per_chunk": (t_abort - t_sdk) / n * 1e6,
-        "ratio": t_ours / t_sdk, "ratio_abort": t_abort / t_sdk,
-    }
+        await client.close()
+    run.row(f"{name} stream of {n:,} events, per event", got.median("ours") / n * 1e6, "µs",
+            versus="iterating the official SDK's stream of the same response",
+            versus_value=got.median("sdk") / n * 1e6, ratio=got.paired("ours", "sdk"),
+            detail=f"median of {turns} paired turns")
+    run.uses(name.split(maxsplit=1)[0].lower(), getattr(openai if "OpenAI" in name else anthropic,
+                                              "__version__", None))
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    n, reps = (500, 3) if args.quick else (4000, 7)
-    rows = [await scenario(p, n, reps) for p in ("openai-chat", "anthropic")]
-    print(f"{'provider':<12} {'chunks':>6} {'sdk ms':>8} {'ours ms':>8} {'+abort ms':>9} "
-          f"{'us/chunk':>8} {'+abort':>7} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['provider']:<12} {r['chunks']:>6} {r['sdk_s'] * 1e3:>8.1f} "
-              f"{r['ours_s'] * 1e3:>8.1f} {r['ours_abort_s'] * 1e3:>9.1f} "
-              f"{r['overhead_us_per_chunk']:>8.1f} {r['overhead_abort_us_per_chunk']:>7.1f} "
-              f"{r['ratio']:>6.2f}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"python": platform.python_version(), "rows": rows},
-                                  indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    asyncio.run(main())
+def main(run: Run) -> None:
+    n, turns = run.pick((4_000, 9), (300, 2))
+    for name in ("OpenAI Chat Completions", "Anthropic Messages"):
+        asyncio.run(scenario(run, name, n, turns))

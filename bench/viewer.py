@@ -1,58 +1,55 @@
-"""Viewer benchmark: each figure next to a floor measured in the same run.
-
-    .venv/bin/python bench/viewer.py            # full run (about 20 seconds)
-    .venv/bin/python bench/viewer.py --quick    # smaller, for a smoke test
-
-Prints a table and writes bench/results/viewer.json.
+"""The session viewer: rendering a session as HTML, and serving it, against exporting it.
 
 - render: ``render_html`` of a session (every entry escaped and laid out as
-  the tree plus the model's view) against ``export_lines`` of the same
-  entries, which is what ``export --format jsonl`` writes.
+  the tree plus the model's view) against msgspec encoding the same entries
+  one JSON line each, the least an export does;
 - page: one ``GET /session`` from the running viewer (loading the log from a
-  file store, reading lineage, rendering, sending) against the store's
-  ``load_entries`` of that session alone.
-- import: the time a fresh interpreter takes to import the server stack
-  (``threadline.viewer._server``: Starlette, uvicorn) against importing
-  ``threadline.session`` alone, and, when installed, aiohttp's web module as
-  the peer stack.
+  file store, rendering, sending) against the store's ``load_entries`` alone;
+- import: a fresh interpreter importing the server stack (``from
+  threadline.viewer import serve``: Starlette, uvicorn) against importing
+  ``threadline.session`` alone.
+
+Sessions of 200, 2,000, 10,000 and 40,000 entries: questions, tool round
+trips, answers, and a branch every 50 entries. A page draws at most 500
+stored entries (the ones around the leaf), so past that its cost should
+follow the load, not the session.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import http.client
-import importlib.util
-import json
-import platform
-import statistics
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from threadline.ai._messages import (
+import msgspec
+
+from bench._harness import Measured, Run, alternate, alternate_sync, at_most
+from bench._targets import (
     AssistantMessage,
+    Entry,
+    FileStore,
+    MessageEntry,
+    SessionRecord,
     TextPart,
     ToolCall,
     ToolResultMessage,
+    TreeIndex,
     UserMessage,
+    render_html,
+    serve,
 )
-from threadline.session import Entry, FileStore, MessageEntry, SessionRecord, TreeIndex
-from threadline.session._codec import export_lines
-from threadline.viewer import render_html, serve
 
-RESULTS = Path(__file__).parent / "results" / "viewer.json"
+NEEDS = ("import:starlette,uvicorn",)
+_encode = msgspec.json.Encoder().encode
+MINUTES = 1
 
 
 def session(n: int) -> list[Entry]:
-    """A chat of ``n`` entries: questions, tool round trips, answers, and a
-    branch every 50 entries."""
     out: list[Entry] = []
     parent: str | None = None
     for i in range(n):
@@ -71,39 +68,27 @@ def session(n: int) -> list[Entry]:
             m = AssistantMessage(content=(TextPart(text="Here is the answer. " * 15),))
         entry = MessageEntry(id=f"e{i:07d}", parent_id=parent, message=m)
         out.append(entry)
-        # Every 50 entries the next one continues from 10 entries back.
         parent = out[-10].id if i % 50 == 49 else entry.id
     return out
 
 
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def _import_s(code: str) -> Measured:
+    code = f"import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    return Measured(float(out))
 
 
-def import_time(module: str, repeat: int) -> float | None:
-    if importlib.util.find_spec(module.split(".", maxsplit=1)[0]) is None:
-        return None
-    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                 text=True).stdout) for _ in range(repeat)]
-    return statistics.median(runs)
-
-
-def page_times(root: Path, sid: str, repeat: int) -> tuple[float, float]:
+def _pages(root: Path, sid: str, turns: int) -> Any:
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
     store = FileStore(root)
     urls: list[str] = []
     ready = threading.Event()
+
     async def start() -> asyncio.Task[None]:
-        return asyncio.create_task(
-            serve(store, port=0, ready=lambda u: (urls.append(u), ready.set())))
+        return asyncio.create_task(serve()(store, port=0,
+                                         ready=lambda u: (urls.append(u), ready.set())))
 
     task = asyncio.run_coroutine_threadsafe(start(), loop).result()
     try:
@@ -119,7 +104,7 @@ def page_times(root: Path, sid: str, repeat: int) -> tuple[float, float]:
         def load() -> None:
             asyncio.run_coroutine_threadsafe(store.load_entries(sid), loop).result()
 
-        return best(get, repeat), best(load, repeat)
+        return alternate_sync({"page": get, "load": load}, turns)
     finally:
         async def stop() -> None:
             task.cancel()
@@ -131,57 +116,38 @@ def page_times(root: Path, sid: str, repeat: int) -> tuple[float, float]:
         loop.call_soon_threadsafe(loop.stop)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    quick = ap.parse_args().quick
-    sizes = [200, 2_000] if quick else [200, 2_000, 10_000]
-    repeat = 3 if quick else 7
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+def main(run: Run) -> None:
+    sizes, turns = run.pick(((200, 2_000, 10_000, 40_000), 7), ((200,), 2))
+    root = run.tmp / "sessions"
+    for n in sizes:
+        entries = session(n)
+        tree = TreeIndex(entries, session_id="s")
+        got = alternate_sync({"html": lambda t=tree: render_html(t),
+                              "jsonl": lambda e=entries: b"".join(
+                                  _encode(x) + b"\n" for x in e)}, turns)
+        run.row(f"viewer: HTML of a {n:,}-entry session", got.median("html") * 1e3, "ms",
+                versus="the same entries as JSON lines, msgspec encoding each",
+                versus_value=got.median("jsonl") * 1e3,
+                ratio=got.paired("html", "jsonl"), detail=f"median of {turns} paired turns")
 
-        async def write(sid: str, entries: list[Entry]) -> None:
+        async def write(sid: str = f"s{n}", entries: list[Entry] = entries) -> None:
             store = FileStore(root)
             await store.create_session(SessionRecord(id=sid))
             await store.append_entries(sid, entries)
             await store.close()
 
-        for n in sizes:
-            entries = session(n)
-            tree = TreeIndex(entries, session_id="s")
-            html_s = best(lambda t=tree: render_html(t), repeat)
-            jsonl_s = best(lambda e=entries: export_lines(e), repeat)
-            sid = f"s{n}"
-            asyncio.run(write(sid, entries))
-            page_s, load_s = page_times(root, sid, repeat)
-            rows.append({"entries": n, "render_ms": html_s * 1e3, "jsonl_ms": jsonl_s * 1e3,
-                         "render_ratio": html_s / jsonl_s, "page_ms": page_s * 1e3,
-                         "load_ms": load_s * 1e3, "page_ratio": page_s / load_s})
-    stack = import_time("threadline.viewer._server", repeat)
-    floor = import_time("threadline.session", repeat)
-    peer = import_time("aiohttp.web", repeat)
-    assert stack is not None and floor is not None
-    imports = {"viewer_server_ms": stack * 1e3, "session_ms": floor * 1e3,
-               "added_ms": (stack - floor) * 1e3,
-               "aiohttp_web_ms": None if peer is None else peer * 1e3}
-
-    print(f"{'entries':>8} {'render_html':>12} {'jsonl':>9} {'ratio':>7} "
-          f"{'GET page':>10} {'load':>9} {'ratio':>7}")
-    for r in rows:
-        print(f"{r['entries']:>8} {r['render_ms']:>10.1f}ms {r['jsonl_ms']:>7.1f}ms "
-              f"{r['render_ratio']:>6.1f}x {r['page_ms']:>8.1f}ms {r['load_ms']:>7.1f}ms "
-              f"{r['page_ratio']:>6.1f}x")
-    print(f"import threadline.viewer._server {imports['viewer_server_ms']:.0f} ms vs "
-          f"threadline.session {imports['session_ms']:.0f} ms "
-          f"(+{imports['added_ms']:.0f} ms)"
-          + ("" if peer is None else f"; aiohttp.web {imports['aiohttp_web_ms']:.0f} ms"))
-    machine = {"python": platform.python_version(), "platform": platform.platform(),
-               "quick": quick}
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"machine": machine, "render": rows, "import": imports},
-                                  indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        asyncio.run(write())
+        pages = _pages(root, f"s{n}", turns)
+        run.row(f"viewer: GET of a {n:,}-entry session's page", pages.median("page") * 1e3,
+                "ms", versus="load_entries of it from the same store",
+                versus_value=pages.median("load") * 1e3, ratio=pages.paired("page", "load"),
+                goal=at_most(5.0) if n >= 10_000 else None,
+                detail=f"median of {turns} paired turns")
+    got = asyncio.run(alternate({
+        "server": lambda: _import_s("from threadline.viewer import serve"),
+        "session": lambda: _import_s("import threadline.session"),
+    }, turns, warm=False))
+    run.row("viewer: import of the server stack (Starlette, uvicorn) in a new interpreter",
+            got.median("server") * 1e3, "ms", versus="importing threadline.session",
+            versus_value=got.median("session") * 1e3, ratio=got.paired("server", "session"),
+            detail=f"median of {turns} paired turns")

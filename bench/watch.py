@@ -1,68 +1,53 @@
-"""How soon a watcher sees an entry another process appended (S26), per store.
+"""Seeing what other writers appended: ``watch`` delivery and ``refresh``, per store.
 
-A child process appends ``--entries`` entries one per ``append_entries``,
-pausing ``--pause`` ms between them, and notes when each append started and
-when it returned. The parent follows the session with ``watch()`` and notes
-when each entry arrives. Both use ``time.monotonic`` (CLOCK_MONOTONIC, one
-clock for every process on the machine).
-
-- delivery: from the start of the append to the entry reaching the watcher;
-- the store's own append latency, measured in the same run, is the floor:
-  an entry cannot arrive before it is stored.
-
-The file store and SQLite poll (``watch_interval``, 50 ms by default), so
-their delivery is about half the interval; PostgreSQL and the memory store
-(same process) are woken.
-
-    .venv/bin/python bench/watch.py [--entries 500 --pause 2]
-
-Writes ``bench/results/watch.json``.
+- watch: a child process appends 500 entries one per call, 2 ms apart; the
+  parent follows the session with ``watch()``. Delivery is from the start of
+  an append (``time.monotonic``, one clock for every process) to the entry
+  reaching the watcher, against the store's own append latency in the same
+  run (an entry cannot arrive before it is stored). The file and SQLite
+  stores poll (50 ms by default); PostgreSQL and the memory store (same
+  process) are woken.
+- refresh: an agent on a session of 10,000 entries catches up with one entry
+  another agent appended, ``agent.refresh()`` against a new ``durable.open``
+  of the session (reading it all); and ``append_linear`` against ``append``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing
-import os
-import platform
 import secrets
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from threadline.ai._messages import UserMessage
-from threadline.session import (
+from bench._harness import Run, alternate, pct, test_helper
+from bench._targets import (
     FileStore,
     MemoryStore,
     MessageEntry,
     PostgresStore,
     SessionRecord,
     SQLiteStore,
-    Store,
-    WatchableStore,
+    UserMessage,
+    durable,
 )
 
-PG_URL = os.environ.get("THREADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-RESULTS = Path(__file__).parent / "results" / "watch.json"
+NEEDS = ()
+MINUTES = 2
 
 
-def _open(kind: str, target: str, schema: str) -> Store:
+def _open(kind: str, target: str, schema: str, listen: str = "") -> Any:
     if kind == "file":
         return FileStore(target)
     if kind == "sqlite":
         return SQLiteStore(target)
     return PostgresStore(target, schema=schema, max_size=2, prepare_threshold=None,
-                         listen_url=PG_URL)
+                         listen_url=listen or target)
 
 
-async def _append(store: Store, sid: str, count: int, pause: float) -> dict[str, list[float]]:
+async def _append(store: Any, sid: str, count: int, pause: float) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {}
     parent = None
     for n in range(count):
@@ -77,106 +62,121 @@ async def _append(store: Store, sid: str, count: int, pause: float) -> dict[str,
 
 def _child(job: dict[str, Any], out: Any) -> None:
     async def run() -> None:
-        store = _open(job["kind"], job["target"], job["schema"])
+        store = _open(job["kind"], job["target"], job["schema"], job["listen"])
         out.put(await _append(store, job["sid"], job["count"], job["pause"]))
-        await store.close()  # type: ignore[attr-defined]
+        await store.close()
 
     asyncio.run(run())
 
 
-async def _watch(store: WatchableStore, sid: str, count: int) -> dict[str, float]:
+async def _follow(store: Any, sid: str, count: int) -> dict[str, float]:
     seen: dict[str, float] = {}
     watch = store.watch(sid)
     async for entry in watch:
         seen[entry.id] = time.monotonic()
         if len(seen) == count:
             break
-    await watch.aclose()  # type: ignore[attr-defined]
+    await watch.aclose()
     return seen
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * q))] * 1e6
-
-
-async def measure(kind: str, target: str, schema: str, count: int, pause: float) -> dict[str, Any]:
+async def delivery(kind: str, target: str, schema: str, listen: str, *, count: int,
+                   pause: float) -> tuple[list[float], list[float]]:
     sid = f"watch-{secrets.token_hex(4)}"
+    store = MemoryStore() if kind == "memory" else _open(kind, target, schema, listen)
+    await store.create_session(SessionRecord(id=sid))
+    watcher = asyncio.ensure_future(_follow(store, sid, count))
     if kind == "memory":
-        store: Any = MemoryStore()
-        await store.create_session(SessionRecord(id=sid))
-        watcher = asyncio.ensure_future(_watch(store, sid, count))
         times = await _append(store, sid, count, pause)
-        seen = await watcher
     else:
-        store = _open(kind, target, schema)
-        await store.create_session(SessionRecord(id=sid))
-        watcher = asyncio.ensure_future(_watch(store, sid, count))
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
-        job = {"kind": kind, "target": target, "schema": schema, "sid": sid, "count": count,
-               "pause": pause}
+        job = {"kind": kind, "target": target, "schema": schema, "listen": listen, "sid": sid,
+               "count": count, "pause": pause}
         proc = ctx.Process(target=_child, args=(job, out))
         proc.start()
         times = await asyncio.to_thread(out.get, True, 600)
         await asyncio.to_thread(proc.join)
-        seen = await watcher
+    seen = await watcher
+    if kind != "memory":
         await store.close()
-    assert list(seen) == list(times), "watch skipped, repeated or reordered an entry"
-    delivery = [seen[i] - t0 for i, (t0, _) in times.items()]
-    append = [t1 - t0 for t0, t1 in times.values()]
-    return {
-        "entries": count,
-        "delivery_p50_us": _pct(delivery, 0.5), "delivery_p99_us": _pct(delivery, 0.99),
-        "append_p50_us": _pct(append, 0.5), "append_p99_us": _pct(append, 0.99),
-        "p50_ratio_to_append": _pct(delivery, 0.5) / _pct(append, 0.5),
-        "p99_ratio_to_append": _pct(delivery, 0.99) / _pct(append, 0.99),
-    }
+    if list(seen) != list(times):
+        raise RuntimeError(f"{kind}: watch skipped, repeated or reordered an entry")
+    return ([seen[i] - t0 for i, (t0, _) in times.items()],
+            [t1 - t0 for t0, t1 in times.values()])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--entries", type=int, default=500)
-    parser.add_argument("--pause", type=float, default=2.0, help="ms between appends")
-    args = parser.parse_args()
-    pause = args.pause / 1000
-    tmp = Path(tempfile.mkdtemp(prefix="tl-watch-bench-"))
-    schema = f"tl_watch_{secrets.token_hex(4)}"
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from pgbouncer import PgBouncer  # the tests' runner of a private PgBouncer
+def message(n: int) -> UserMessage:
+    return UserMessage.of(f"turn {n}: " + "an ordinary sentence of conversation. " * 8)
 
-    bouncer = PgBouncer()
-    bouncer.start()
-    results: dict[str, Any] = {
-        "entries": args.entries, "pause_ms": args.pause,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(),
-                    "load_average_at_start": os.getloadavg()},
-        "stores": {},
-    }
+
+async def refresh(run: Run, name: str, store: Any, other: Any, *, n: int, turns: int) -> None:
+    sid = f"refresh-{name}"
+    writer = await durable.open(None, store=store, session_id=sid)
+    for start in range(0, n, 1000):
+        await writer.append(*(message(i) for i in range(start, min(n, start + 1000))))
+    reader = await durable.open(None, store=other, session_id=sid)
+    counter = iter(range(n, 10**9))
+
+    async def one_more(_: int) -> None:
+        await writer.append(message(next(counter)))
+
+    got = await alternate({
+        "reopen": lambda: durable.open(None, store=other, session_id=sid),
+        "refresh": reader.refresh,
+    }, turns, before=one_more)
+    run.row(f"{name}: catch up with one entry another agent appended, session of {n:,}",
+            got.median("refresh") * 1e3, "ms",
+            versus="durable.open of the session again (reads all of it)",
+            versus_value=got.median("reopen") * 1e3, ratio=got.paired("refresh", "reopen"),
+            detail=f"median of {turns} paired turns")
+    got = await alternate({"linear": lambda: writer.append_linear(message(next(counter))),
+                           "append": lambda: writer.append(message(next(counter)))}, turns)
+    run.row(f"{name}: append_linear (checks the leaf in the same step)",
+            got.median("linear") * 1e3, "ms", versus="append of the same message",
+            versus_value=got.median("append") * 1e3, ratio=got.paired("linear", "append"),
+            detail=f"median of {turns} paired turns")
+    await store.close()
+    await other.close()
+
+
+def main(run: Run) -> None:
+    count, pause = run.pick(500, 30), 0.002
+    schema = f"tl_bench_watch_{secrets.token_hex(4)}"
+    postgres = run.postgres()
+    stores = [("memory", "", ""), ("file", str(run.tmp / "files"), ""),
+              ("sqlite", str(run.tmp / "w.db"), "")]
+    bouncer = None
+    if postgres:
+        stores.append(("postgres", run.pg_url, ""))
+        if shutil.which("pgbouncer") is not None:
+            bouncer = test_helper("pgbouncer").PgBouncer()
+            bouncer.start()
+            stores.append(("postgres via PgBouncer", bouncer.url, run.pg_url))
     try:
-        stores = [("memory", ""), ("file", str(tmp / "files")),
-                  ("sqlite", str(tmp / "db.sqlite")), ("postgres", PG_URL),
-                  ("postgres via pgbouncer", bouncer.url)]
-        for kind, target in stores:
-            opener = "postgres" if kind.startswith("postgres") else kind
-            r = asyncio.run(measure(opener, target, schema, args.entries, pause))
-            results["stores"][kind] = r
+        for kind, target, listen in stores:
+            run.say(f"watch, {kind}")
+            seen, stored = asyncio.run(delivery(kind.split()[0], target, schema, listen,
+                                                count=count, pause=pause))
+            run.row(f"watch delivery p50, {kind}, another "
+                    f"{'task' if kind == 'memory' else 'process'} appending",
+                    pct(seen, 0.5) * 1e3, "ms", versus="the store's own append p50, same run",
+                    versus_value=pct(stored, 0.5) * 1e3,
+                    detail=f"{count} entries; p99 {pct(seen, 0.99) * 1e3:.1f} ms")
+        n, turns = run.pick(10_000, 500), run.pick(41, 3)
+        root = run.tmp / "refresh"
+        asyncio.run(refresh(run, "file store", FileStore(root), FileStore(root), n=n,
+                              turns=turns))
+        db = Path(run.tmp / "refresh.db")
+        asyncio.run(refresh(run, "SQLite store", SQLiteStore(db), SQLiteStore(db), n=n,
+                              turns=turns))
+        if postgres:
+            asyncio.run(refresh(run, "PostgreSQL store", PostgresStore(run.pg_url, schema=schema),
+                                PostgresStore(run.pg_url, schema=schema), n=n, turns=turns))
     finally:
-        bouncer.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    print(f"{'store':<24}{'delivery p50 µs':>16}{'p99 µs':>10}{'append p50 µs':>15}"
-          f"{'p99 µs':>10}{'p50 x append':>14}{'p99 x append':>14}")
-    for kind, r in results["stores"].items():
-        print(f"{kind:<24}{r['delivery_p50_us']:>16.0f}{r['delivery_p99_us']:>10.0f}"
-              f"{r['append_p50_us']:>15.0f}{r['append_p99_us']:>10.0f}"
-              f"{r['p50_ratio_to_append']:>14.2f}{r['p99_ratio_to_append']:>14.2f}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+        if bouncer is not None:
+            bouncer.close()
+        if postgres:
+            from bench.disk import drop_schema
 
-
-if __name__ == "__main__":
-    main()
+            drop_schema(run.pg_url, schema)

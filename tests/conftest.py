@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import settings
 
-from pgbouncer import PgBouncer, prepared_pgbouncer
+from support.pgbouncer import PgBouncer, prepared_pgbouncer
 
 if TYPE_CHECKING:
-    from store_kinds import StoreSpec
+    from support.stores import StoreSpec
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -112,7 +112,7 @@ def pgbouncer_prepared(pg_url: str) -> Iterator[PgBouncer]:
 @pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
 def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
     """Each built-in store in turn, as a spec any thread or process can open."""
-    from store_kinds import make_spec
+    from support.stores import make_spec
 
     return make_spec(request.param, tmp_path, request)
 
@@ -120,17 +120,6 @@ def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
 @pytest.fixture(params=["file", "sqlite", "postgres"])
 def shared_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSpec:
     """Each built-in store that other processes can open too."""
-    from store_kinds import make_spec
+    from support.stores import make_spec
 
     return make_spec(request.param, tmp_path, request)
-
-
-@pytest.fixture
-def threaded_appends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """File-store appends on the worker thread, as where io_uring is missing (S44).
-
-    For tests that fail or slow ``os.write`` / ``os.fdatasync``: through
-    io_uring the kernel makes those calls, and tests/test_store_file_uring.py
-    fails them there.
-    """
-    monkeypatch.setenv("THREADLINE_IO_URING", "0")

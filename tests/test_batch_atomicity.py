@@ -25,17 +25,11 @@ from typing import Any
 
 import pytest
 
+from support.stores import say_before_big_writes
 from threadline.ai._messages import UserMessage
-from threadline.session import (
-    FileStore,
-    MemoryStore,
-    MessageEntry,
-    PostgresStore,
-    SessionRecord,
-    SQLiteStore,
-    Store,
-)
+from threadline.session import MessageEntry, SessionRecord
 from threadline.session._entries import Entry
+from threadline.stores import FileStore, MemoryStore, PostgresStore, SQLiteStore, Store
 
 BATCH = 3_000
 TEXT = 1_000  # characters per entry: the batch is about 3 MB
@@ -60,21 +54,6 @@ async def _close(store: Store) -> None:
     close = getattr(store, "close", None)
     if close is not None:
         await close()
-
-
-def say_before_big_writes(fd: int) -> None:
-    """In a child process: write "w" to ``fd`` just before each write of over 1 MiB.
-
-    The parent then aims its kill into the store's big ``os.write`` itself.
-    """
-    real_write = os.write
-
-    def write(target: int, data: Any) -> int:
-        if target != fd and len(data) > 1 << 20:
-            real_write(fd, b"w")
-        return real_write(target, data)
-
-    os.write = write  # this child's own copy of the os module
 
 
 def _child(opener: Opener, session_id: str, fd: int, mark_write: bool) -> None:

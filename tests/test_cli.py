@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import CLI, tl
+from support.cli import CLI, tl
 from threadline.ai import ToolResultMessage
-from threadline.session import FileStore, MessageEntry, SessionRecord, decode_entry
-from threadline.session._codec import encode_init
+from threadline.session import MessageEntry, SessionRecord, decode_entry
+from threadline.stores import FileStore
+from threadline.stores.file._format import encode_init
 
 
 def test_demo_kills_repairs_branches_and_forks(tmp_path: Path) -> None:
@@ -159,7 +160,7 @@ def test_list_survives_a_corrupt_session(store_dir: Path) -> None:
     lines = victim.read_bytes().splitlines(keepends=True)
     lines[1] = b"not json\n"
     victim.write_bytes(b"".join(lines))
-    listed = tl("--store", str(store_dir), "list").stdout
+    listed = tl("--store", str(store_dir), "list", "--entries").stdout
     assert "corrupt" in listed and victim.stem in listed
 
 
@@ -167,8 +168,8 @@ async def test_chat_talks_to_a_real_http_server_and_resumes(tmp_path: Path) -> N
     """`threadline chat` end to end: the openai SDK against the local wire server."""
     import asyncio
 
-    from cli_helpers import chat_reply as reply
-    from wire_server import WireServer
+    from support.cli import chat_reply as reply
+    from support.wire_server import WireServer
 
     async with WireServer() as server:
         server.reply(reply("Hello from the server."), reply("Still here."))

@@ -3,35 +3,14 @@ run as real child processes against a file store (S23, S24)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-from test_cli import tl
-from threadline import durable
-from threadline.ai import ToolContext, tool
-from threadline.session import FileStore
-from threadline.testing import Call, ScriptedModel, Turn
-
-
-def _asking_session(root: Path) -> None:
-    @tool(side_effects=True, approval=lambda a: "big refund" if a["amount"] > 100 else None)
-    async def refund(amount: int, ctx: ToolContext) -> str:
-        """Refund."""
-        return f"refunded {amount}"
-
-    async def go() -> None:
-        lm = ScriptedModel([Turn(Call("refund", {"amount": 20}, id="small"),
-                                 Call("refund", {"amount": 900}, id="big"))])
-        agent = await durable.open(durable.model(lm, [refund]), store=FileStore(root),
-                                   session_id="t-1")
-        await agent.run("refund").collect()
-
-    asyncio.run(go())
+from support.cli import asking_session, tl
 
 
 def test_s23_cli_lists_approves_and_shows_the_ledger(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
-    _asking_session(root)
+    asking_session(root)
     store = ["--store", str(root)]
     out = tl(*store, "pending").stdout
     assert "t-1" in out and "big" in out and "refund" in out and '{"amount":900}' in out
@@ -48,7 +27,7 @@ def test_s23_cli_lists_approves_and_shows_the_ledger(tmp_path: Path) -> None:
 
 def test_s24_cli_refuses_decisions_with_one_line_errors(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
-    _asking_session(root)
+    asking_session(root)
     store = ["--store", str(root)]
     tl(*store, "deny", "t-1", "big", "--reason", "[bold]fraud[/bold]")
     assert "denied call big: [bold]fraud[/bold]" in tl(*store, "show", "t-1").stdout  # literal

@@ -9,54 +9,21 @@ the content must still be there, written as visible escapes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from cli_helpers import tl, tl_pty
-from threadline.ai import AssistantMessage, TextPart, ToolCall, ToolResultMessage, UserMessage
-from threadline.session import CustomEntry, FileStore, MessageEntry, SessionRecord
+from support.cli import HOSTILE, MARKUP, SID, make_hostile_store, tl, tl_pty
+from threadline.session import SessionRecord
+from threadline.stores import FileStore
 
-MARKUP = "[link=file:///etc/passwd]L[/link]"
-HOSTILE = ("\x1b]0;pwned\x1b\\ \x1b[2J \x1b[5;35mblink \x1b]8;;http://evil.example\x1b\\"
-           "click\x1b]8;;\x1b\\ \x9b2J \x07 \x1bP+q\x1b\\ \u202eabc [bold]x[/bold] [/] "
-           f"{MARKUP} :smile:")
 EXPORT_NAME = "export [bold]x[red] \x1b[2J.jsonl"
-SID = f"evil{MARKUP}[/]x[bold]y\x1b[2J"
 
 # Byte strings that would act on a terminal if the content reached it raw.
 FORBIDDEN = [b"\x1b[2J", b"\x1b]", b"\x1b[5;35m", b"\x07", b"\xc2\x9b", b"\xe2\x80\xae",
              b"\x1bP", b"\x1b\\"]
-
-
-def make_hostile_store(root: Path) -> list[str]:
-    """The hostile session; returns its entry ids in order."""
-    user = MessageEntry(message=UserMessage(content=(TextPart(text=HOSTILE),)))
-    call = MessageEntry(parent_id=user.id, message=AssistantMessage(
-        content=(TextPart(text=HOSTILE), ToolCall(id="c1", name=HOSTILE, arguments={"q": HOSTILE})),
-        stop_reason="tool_use"))
-    result = MessageEntry(parent_id=call.id, message=ToolResultMessage(
-        tool_call_id="c1", tool_name=HOSTILE, content=(TextPart(text=HOSTILE),)))
-    failed = MessageEntry(parent_id=result.id, message=AssistantMessage(
-        stop_reason="error", error_message=HOSTILE))
-    custom = CustomEntry(parent_id=failed.id, kind=HOSTILE, data={"x": HOSTILE})
-    entries = [user, call, result, failed, custom]
-
-    async def write() -> None:
-        store = FileStore(root)
-        await store.create_session(SessionRecord(id=SID))
-        await store.append_entries(SID, entries)
-        await store.close()
-
-    asyncio.run(write())
-    # An entry of a type this version does not know, with a hostile type name.
-    opaque = json.dumps({"type": HOSTILE, "id": "opaque-1", "parent_id": custom.id})
-    with FileStore(root).path_for(SID).open("a") as f:
-        f.write(opaque + "\n")
-    return [e.id for e in entries] + ["opaque-1"]
 
 
 def verbs(store: Path, ids: list[str], tmp: Path) -> list[tuple[list[str], int]]:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import CLI, tl, tl_pty
-from test_cli_safety import SID, make_hostile_store
+from support.cli import CLI, SID, make_hostile_store, tl, tl_pty
 from threadline import __version__
-from threadline.session import FileStore, SessionRecord, SQLiteStore, decode_lines
-from threadline.session._codec import export_lines
+from threadline.session import SessionRecord
+from threadline.stores import FileStore, SQLiteStore
+from threadline.stores.file import decode_lines
+from threadline.stores.file._format import export_lines
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_json_output_has_full_ids_and_no_wrapping(demo: Path) -> None:
     assert all(c["ok"] for c in checked) and len(checked) == 2
     # Human output on a narrow pipe is not cut or wrapped either.
     listed = tl("--store", str(demo), "list", env={"COLUMNS": "40"}).stdout
-    assert f"{sid}-fork {sid}" in listed
+    assert f"{sid}-fork  {sid}" in listed
 
 
 def test_short_ids_shown_are_accepted_as_input(demo: Path) -> None:
@@ -114,8 +115,9 @@ def test_export_import_round_trips_through_every_store(
     for url in (str(tmp_path / "files"), f"sqlite:///{tmp_path / 'x.db'}",
                 f"{pg_url}?schema={pg_schema}"):
         out = json.loads(tl("--store", url, "import", str(dump), "--json").stdout)
-        assert out == {"session_id": SID, "file": str(dump), "entries": 6, "mapped": 6,
-                       "kept_raw": 0, "extra_fields": {}, "status": "copied"}
+        assert out == {"session_id": SID, "file": str(dump), "format": "threadline",
+                       "entries": 6, "mapped": 6, "kept_raw": 0, "extra_fields": {},
+                       "status": "copied"}
         again = tl("--store", url, "export", SID).stdout.encode("utf-8", "surrogateescape")
         assert again == exported, url
         # Importing again changes nothing and says so.
@@ -172,7 +174,8 @@ def test_demo_honours_store(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     out = tl("--store", url, "demo", cwd=tmp_path).stdout
     assert "SIGKILL" in out and "appended by crash repair" in out
-    rows = [json.loads(line) for line in tl("--store", url, "list", "--json").stdout.splitlines()]
+    rows = [json.loads(line) for line in tl("--store", url, "list", "--json", "--entries")
+            .stdout.splitlines()]
     assert len(rows) == 2 and sorted(r["entries"] for r in rows) == [7, 9]
     assert not (tmp_path / "threadline-demo").exists()
     proc = tl("--store", "memory:", "demo", check=False)
@@ -200,16 +203,16 @@ def test_copy_summary_and_ctrl_c_says_how_to_resume(demo: Path, tmp_path: Path) 
     assert b"run the same command again to resume" in out
     blocker.close()
     done = tl("copy", str(demo), f"sqlite:///{db}").stdout
-    assert done.startswith("copied 2 session(s) from ") and done.count("\n") == 1
+    assert done.startswith("copied 2 sessions from ") and done.count("\n") == 1
     again = tl("copy", str(demo), f"sqlite:///{db}").stdout
     assert "2 already complete; 0 entries written" in again
 
 
 def test_chat_prints_model_errors_on_stderr_and_exits_nonzero(tmp_path: Path) -> None:
-    from wire_server import json_reply
+    from support.wire_server import json_reply
 
     async def go() -> tuple[int | None, bytes, bytes]:
-        from wire_server import WireServer
+        from support.wire_server import WireServer
 
         async with WireServer() as server:
             server.reply(json_reply(401, {"error": {"message": "Incorrect API key \x1b[2J",
@@ -234,8 +237,8 @@ def test_chat_prints_model_errors_on_stderr_and_exits_nonzero(tmp_path: Path) ->
 def test_chat_recalls_the_conversation_and_branch_continues_from_an_entry(
     tmp_path: Path,
 ) -> None:
-    from cli_helpers import chat_reply as reply
-    from wire_server import WireServer
+    from support.cli import chat_reply as reply
+    from support.wire_server import WireServer
 
     async def go() -> list[bytes]:
         outs = []

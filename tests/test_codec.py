@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.codec import (
+    TODO_KIND,
+    Todo,
+    compactable,
+    entries,
+    entry_header,
+    json_values,
+    uuid7,
+)
 from threadline.ai._messages import (
     AssistantMessage,
     ImagePart,
@@ -26,18 +35,12 @@ from threadline.ai._messages import (
 )
 from threadline.errors import ConfigError, CorruptLog, InvalidEntry
 from threadline.session._codec import (
-    _InitLine,
     compact_line,
     decode_entry,
-    decode_init,
-    decode_lines,
     encode_compact,
     encode_entry,
-    encode_init,
     expand_line,
-    frame,
 )
-from threadline.session._codec import export_lines as encode_entries
 from threadline.session._entries import (
     FORMAT_VERSION,
     BranchSummaryEntry,
@@ -51,12 +54,8 @@ from threadline.session._entries import (
     custom_kinds,
     register_custom,
 )
-
-
-class Todo(msgspec.Struct, frozen=True):
-    title: str
-    done: bool = False
-    tags: list[str] = []
+from threadline.stores.file._format import _InitLine, decode_init, decode_lines, encode_init, frame
+from threadline.stores.file._format import export_lines as encode_entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +64,7 @@ class Note:
     score: float
 
 
-TODO_KIND = "test_codec.todo"
 NOTE_KIND = "test_codec.note"
-register_custom(TODO_KIND, Todo)
 register_custom(NOTE_KIND, Note)
 
 TS = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -409,72 +406,6 @@ def test_bad_line_is_corrupt_log_naming_file_and_line(line: bytes, expected: str
 
 # -- property: any message or entry survives a round trip ----------------------------
 
-_json_scalar = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text()
-)
-json_values = st.recursive(
-    _json_scalar,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=12,
-)
-_ids = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1,
-               max_size=20)
-_opt_str = st.none() | st.text(max_size=20)
-_ts = st.datetimes(timezones=st.just(UTC))
-
-text_parts = st.builds(TextPart, text=st.text())
-image_parts = st.builds(ImagePart, data=st.text(), mime_type=st.sampled_from(["image/png", "a/b"]))
-thinking_parts = st.builds(
-    ThinkingPart, thinking=st.text(), signature=_opt_str, redacted=st.booleans(),
-    provider=_opt_str,
-)
-tool_calls = st.builds(
-    ToolCall, id=_ids, name=st.text(min_size=1),
-    arguments=st.dictionaries(st.text(), json_values, max_size=5),
-)
-user_content = st.lists(text_parts | image_parts, max_size=4).map(tuple)
-usages = st.builds(
-    Usage, input_tokens=st.integers(0, 10**9), output_tokens=st.integers(0, 10**9),
-    cache_read_tokens=st.integers(0, 10**9), cache_write_tokens=st.integers(0, 10**9),
-    reasoning_tokens=st.integers(0, 10**9),
-)
-messages = st.one_of(
-    st.builds(UserMessage, content=user_content),
-    st.builds(
-        AssistantMessage,
-        content=st.lists(text_parts | thinking_parts | tool_calls, max_size=5).map(tuple),
-        model=st.text(), provider=st.text(), api=st.text(), usage=usages,
-        stop_reason=st.sampled_from(["stop", "length", "tool_use", "error", "aborted"]),
-        error_message=_opt_str, response_id=_opt_str,
-    ),
-    st.builds(
-        ToolResultMessage, tool_call_id=_ids, tool_name=st.text(), content=user_content,
-        is_error=st.booleans(), synthesized=st.sampled_from([None, "aborted", "interrupted"]),
-        details=json_values,
-    ),
-)
-_header = {
-    "id": _ids, "parent_id": st.none() | _ids, "timestamp": _ts, "origin_id": st.none() | _ids
-}
-entries = st.one_of(
-    st.builds(MessageEntry, message=messages, **_header),
-    st.builds(
-        CompactionEntry, summary=st.text(), first_kept_entry_id=_ids,
-        tokens_before=st.integers(0, 2**40), details=json_values, **_header,
-    ),
-    st.builds(BranchSummaryEntry, from_id=_ids, summary=st.text(), details=json_values, **_header),
-    st.builds(
-        CustomMessageEntry, kind=st.text(), content=user_content, display=st.booleans(),
-        details=json_values, **_header,
-    ),
-    st.builds(
-        CustomEntry, kind=st.just(TODO_KIND),
-        data=st.builds(Todo, title=st.text(), done=st.booleans(), tags=st.lists(st.text())),
-        **_header,
-    ),
-)
-
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries)
@@ -495,7 +426,7 @@ def test_property_encode_entries_splits_back_into_the_same_entries(batch: list[E
 
 @settings(max_examples=150, deadline=None)
 @given(st.builds(CustomEntry, kind=st.text(min_size=1).map(lambda k: "unreg." + k),
-                 data=json_values, **_header))
+                 data=json_values, **entry_header))
 def test_property_unregistered_custom_entries_are_lossless(entry: CustomEntry[Any]) -> None:
     line = encode_entry(entry)
     bare = decode_entry(line)
@@ -608,28 +539,6 @@ def test_s15_an_entry_read_from_a_foreign_line_pickles_with_its_line() -> None:
 # -- format version 3: compact message entries (S35, S36) -------------------------------
 
 
-def _uuid7(ms: int, rest: int) -> str:
-    value = (ms << 80) | (0x7 << 76) | ((rest >> 62) & 0xFFF) << 64 | (0b10 << 62) | (
-        rest & ((1 << 62) - 1))
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-_v7_ids = st.builds(_uuid7, st.integers(0, 2**48 - 1), st.integers(0, 2**74 - 1))
-_offsets = st.sampled_from([timezone(timedelta(hours=2)),
-                            timezone(-timedelta(hours=5, minutes=30))])
-_any_ts = st.datetimes(timezones=_offsets) | st.datetimes()  # an offset, or none
-_text_messages = st.one_of(
-    st.builds(UserMessage.of, st.text()),
-    st.builds(lambda t: AssistantMessage(content=(TextPart(text=t),)), st.text()),
-    messages,
-)
-compactable = st.builds(
-    MessageEntry, id=_v7_ids | _ids, parent_id=st.none() | _v7_ids | _ids,
-    timestamp=_ts | _any_ts, message=_text_messages, origin_id=st.none() | _ids,
-)
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(compactable)
 def test_s35_a_compact_line_gives_back_exactly_the_entry(entry: MessageEntry) -> None:
@@ -665,7 +574,7 @@ def test_s35_version_3_framing_loads_back_the_same_entries(batch: list[Entry]) -
 
 def test_s35_a_text_message_costs_half_its_canonical_framing() -> None:
     text = "x" * 400
-    entry = MessageEntry(parent_id=_uuid7(1, 2), message=UserMessage.of(text))
+    entry = MessageEntry(parent_id=uuid7(1, 2), message=UserMessage.of(text))
     compact = compact_line(encode_entry(entry))
     assert compact == msgspec.json.encode([entry.id, entry.parent_id, entry.timestamp, text])
     assert len(compact) - len(text) < 120  # against about 220 for the canonical line

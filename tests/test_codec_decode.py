@@ -17,13 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_codec import compactable, entries
+from support.codec import compactable, entries
 from threadline.ai._messages import AssistantMessage, TextPart, ToolCall, UserMessage
 from threadline.errors import CorruptLog
-from threadline.session import FileStore, MessageEntry, SessionRecord
-from threadline.session import _codec as codec
-from threadline.session._codec import decode_body, encode_entry, frame
+from threadline.session import MessageEntry, SessionRecord, _codec
+from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry
+from threadline.stores import FileStore
+from threadline.stores.file import _format as codec
+from threadline.stores.file._format import decode_body, frame
 
 _ID = "0195510a-8e20-7c11-9a2b-3f0e6c1d2a0"
 
@@ -217,7 +219,7 @@ async def test_s14_a_corrupt_entry_in_a_long_batch_line_fails_the_load_naming_th
     path = store.path_for("s")
     assert_same_load(await FileStore(tmp_path).load_entries("s"), [*first, *chain])
     data = path.read_bytes()
-    good = codec.compact_line(encode_entry(chain[at]))
+    good = _codec.compact_line(encode_entry(chain[at]))
     bad = good.replace(b'"' + chain[at].id.encode() + b'"', b'""', 1)  # an empty id
     assert data.count(good) == 1 and len(bad) < len(good)
     path.write_bytes(data.replace(good, bad))

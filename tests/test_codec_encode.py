@@ -20,9 +20,10 @@ from threadline.ai._messages import (
     ToolResultMessage,
 )
 from threadline.errors import InvalidEntry
-from threadline.session import MemoryStore, SessionRecord
+from threadline.session import SessionRecord
 from threadline.session._codec import MAX_DEPTH, decode_entry, encode_entry
 from threadline.session._entries import MessageEntry
+from threadline.stores import MemoryStore
 
 TS = datetime(2025, 1, 1, tzinfo=UTC)
 # Levels above the untyped value: the entry, its message, the content array,

@@ -59,13 +59,11 @@ from threadline.session import (
     CustomEntry,
     CustomMessageEntry,
     Entry,
-    FileStore,
-    MemoryStore,
     MessageEntry,
-    Store,
     build_context,
 )
 from threadline.session._context import BRANCH_SUMMARY_PREFIX, COMPACTION_PREFIX
+from threadline.stores import FileStore, MemoryStore, Store
 from threadline.testing import ScriptedModel, Turn, assert_valid_for_providers
 
 TS = datetime(2025, 1, 1, tzinfo=UTC)

@@ -1,17 +1,24 @@
-"""The shipped conformance suite fails wrong stores (issue: a suite that passes anything).
+"""The shipped conformance suite fails wrong stores, and is fair to right ones.
 
 Each variant below wraps a real ``FileStore`` and breaks one rule of the
 Store contract. The suite's own test methods are run on it, the way pytest
 runs them for a store author, and the test that states the rule must fail.
 The unbroken wrapper passes the same tests, so a failure means the rule,
-not the wrapper.
+not the wrapper. A store that declares a capability and lacks or misnames
+its method fails every test of that capability; one that does not declare
+it skips them, told which. Importing or running the suite leaves the
+custom-entry registry as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import inspect
+import subprocess
+import sys
+import tomllib
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,14 +26,24 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
-from test_store_file import FileHooks
+from support.stores import FileHooks
 from threadline.errors import ConfigError, CorruptLog, SessionExists, SessionNotFound, StoreError
-from threadline.session import Entry, EntryLog, FileStore, SessionPage, SessionRecord, Store
+from threadline.session import Entry, SessionRecord, custom_kinds
+from threadline.stores import EntryLog, FileStore, SessionPage, Store
 from threadline.testing import StoreConformance
+from threadline.testing._conformance import Capability
+from threadline.testing._conformance._catalog import CatalogTests
+from threadline.testing._conformance._linear import LinearTests
+from threadline.testing._conformance._processes import ProcessTests
+from threadline.testing._conformance._watch import WatchTests
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
-class Wrapped:
-    """Delegates every method to a real FileStore."""
+class Core:
+    """Delegates the three methods of the Store protocol to a real FileStore."""
+
+    declares: ClassVar[frozenset[Capability]] = frozenset()
 
     def __init__(self, inner: FileStore) -> None:
         self.inner = inner
@@ -39,6 +56,12 @@ class Wrapped:
 
     async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
         await self.inner.append_entries(session_id, entries)
+
+
+class Wrapped(Core):
+    """Delegates the catalog too."""
+
+    declares = frozenset({"catalog"})
 
     async def load_session(self, session_id: str) -> SessionRecord:
         return await self.inner.load_session(session_id)
@@ -205,7 +228,46 @@ class KeepsWhatIsNew(Wrapped):
             await self.inner.append_entries(session_id, list(fresh.values()))
 
 
-CAUGHT: dict[type[Wrapped], list[str]] = {
+class WatchEntries(Wrapped):
+    """Declares watch, but names it ``watch_entries``."""
+
+    declares = frozenset({"catalog", "watch"})
+
+    def watch_entries(self, session_id: str, after: str | None = None) -> AsyncIterator[Entry]:
+        return self.inner.watch(session_id, after)
+
+
+class LinearUnderOtherNames(Wrapped):
+    """Declares linear, but names its append ``append_after_last``."""
+
+    declares = frozenset({"catalog", "linear"})
+
+    async def append_after_last(self, session_id: str, entries: Sequence[Entry]) -> list[Entry]:
+        return await self.inner.append_linear(session_id, entries)
+
+    async def load_entries_after(self, session_id: str, entry_id: str | None) -> list[Entry]:
+        return await self.inner.load_entries_after(session_id, entry_id)
+
+
+class CatalogWithoutListing(Core):
+    """Declares catalog, but lists with ``list`` instead of ``list_sessions``."""
+
+    declares = frozenset({"catalog"})
+
+    async def load_session(self, session_id: str) -> SessionRecord:
+        return await self.inner.load_session(session_id)
+
+    async def list(self, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
+        return await self.inner.list_sessions(limit=limit, cursor=cursor)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self.inner.delete_session(session_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+CAUGHT: dict[type[Core], list[str]] = {
     OneWritePerEntry: ["test_s8_readers_never_see_part_of_a_batch",
                        "test_s8_repeated_entry_id_refuses_the_whole_batch"],
     StaleCache: ["test_s4_every_handle_sees_what_another_handle_wrote",
@@ -228,50 +290,200 @@ CAUGHT: dict[type[Wrapped], list[str]] = {
     KeepsWhatIsNew: ["test_s8_repeated_entry_id_refuses_the_whole_batch"],
 }
 
+# A store that declares a capability and lacks one of its methods: every test
+# of the capability fails, naming the method (never a skip).
+MISDECLARED: dict[type[Core], tuple[type, str]] = {
+    WatchEntries: (WatchTests, "watch()"),
+    LinearUnderOtherNames: (LinearTests, "append_linear()"),
+    CatalogWithoutListing: (CatalogTests, "list_sessions()"),
+}
+
 
 class WrappedSuite(FileHooks):
     """The suite on a wrapped FileStore. Not collected (no ``Test`` prefix)."""
 
-    variant: ClassVar[type[Wrapped]] = Wrapped
+    variant: ClassVar[type[Core]] = Wrapped
+    capabilities = Wrapped.declares
 
     async def make_store(self, tmp_path: Path) -> Store:
         return self.variant(FileStore(tmp_path / "sessions", durability="flush"))
 
 
-async def _failure(suite: StoreConformance, test: str, tmp_path: Path) -> BaseException | None:
-    """Run one suite test as pytest would; its failure, or None if it passed."""
+def _suite(variant: type[Core], **attributes: Any) -> StoreConformance:
+    attributes = {"variant": variant, "capabilities": variant.declares, **attributes}
+    return type(f"{variant.__name__}Suite", (WrappedSuite,), attributes)()
+
+
+async def _outcome(suite: StoreConformance, test: str, tmp_path: Path) -> BaseException | None:
+    """Run one suite test as pytest would; how it failed or skipped, or None if it passed.
+
+    A long test runs its sample (``scale``), as in a run without ``-m stress``.
+    """
+    method = getattr(suite, test)
+    extra = {"scale": "sample"} if "scale" in inspect.signature(method).parameters else {}
     async with suite.running(tmp_path) as store:
         try:
-            await getattr(suite, test)(store)
-        except pytest.skip.Exception:
-            raise
-        except (Exception, pytest.fail.Exception) as exc:
+            await method(store, **extra)
+        except (Exception, pytest.fail.Exception, pytest.skip.Exception) as exc:
             return exc
     return None
+
+
+def _tests_of(level: type) -> list[str]:
+    return sorted(name for name in vars(level) if name.startswith("test_"))
 
 
 @pytest.mark.parametrize(
     ("variant", "test"), [(v, t) for v, tests in CAUGHT.items() for t in tests],
     ids=[f"{v.__name__}-{t}" for v, tests in CAUGHT.items() for t in tests])
 async def test_the_suite_fails_a_store_that_breaks_the_rule(
-    variant: type[Wrapped], test: str, tmp_path: Path
+    variant: type[Core], test: str, tmp_path: Path
 ) -> None:
-    suite = type(f"{variant.__name__}Suite", (WrappedSuite,), {"variant": variant})()
-    assert await _failure(suite, test, tmp_path) is not None, (
-        f"{variant.__name__} broke the rule {test} checks, and it passed")
+    outcome = await _outcome(_suite(variant), test, tmp_path)
+    assert outcome is not None, f"{variant.__name__} broke the rule {test} checks, and it passed"
+    assert not isinstance(outcome, pytest.skip.Exception), outcome
 
 
 @pytest.mark.parametrize("test", sorted({t for tests in CAUGHT.values() for t in tests}))
 async def test_the_unbroken_wrapper_passes(test: str, tmp_path: Path) -> None:
-    assert await _failure(WrappedSuite(), test, tmp_path) is None
+    assert await _outcome(WrappedSuite(), test, tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("variant", "test"),
+    [(v, t) for v, (level, _) in MISDECLARED.items()
+     for t in [*_tests_of(level), "test_s7_declared_capabilities_are_offered"]],
+    ids=[f"{v.__name__}-{t}" for v, (level, _) in MISDECLARED.items()
+         for t in [*_tests_of(level), "test_s7_declared_capabilities_are_offered"]])
+async def test_a_declared_capability_whose_method_is_misnamed_fails(
+    variant: type[Core], test: str, tmp_path: Path
+) -> None:
+    outcome = await _outcome(_suite(variant), test, tmp_path)
+    assert isinstance(outcome, pytest.fail.Exception), outcome
+    assert MISDECLARED[variant][1] in str(outcome) and "declares" in str(outcome), outcome
+
+
+@pytest.mark.parametrize(("level", "capability"), [
+    (CatalogTests, "catalog"), (LinearTests, "linear"), (WatchTests, "watch"),
+    (ProcessTests, "multi_process")])
+async def test_an_undeclared_capability_skips_naming_it(
+    level: type, capability: str, tmp_path: Path
+) -> None:
+    class CoreOnly(WrappedSuite):
+        variant = Core
+        capabilities = frozenset()
+
+    for test in _tests_of(level):
+        outcome = await _outcome(CoreOnly(), test, tmp_path / test)
+        assert isinstance(outcome, pytest.skip.Exception), (test, outcome)
+        assert f"does not declare the {capability!r} capability" in str(outcome), outcome
+
+
+async def test_an_undeclared_capability_the_store_has_says_how_to_declare_it(
+    tmp_path: Path,
+) -> None:
+    # A FileStore watches, but this suite declares only the catalog.
+    class CatalogOnly(FileHooks):
+        capabilities = frozenset({"catalog"})
+
+        async def make_store(self, tmp_path: Path) -> Store:
+            return FileStore(tmp_path / "sessions", durability="flush")
+
+    outcome = await _outcome(CatalogOnly(), "test_s26_watch_catches_up_then_follows", tmp_path)
+    assert isinstance(outcome, pytest.skip.Exception)
+    assert "FileStore has watch: add 'watch' to capabilities" in str(outcome), outcome
+
+
+async def test_an_unknown_capability_fails(tmp_path: Path) -> None:
+    suite = _suite(Wrapped, capabilities=frozenset({"catalog", "watches"}))
+    outcome = await _outcome(suite, "test_s7_declared_capabilities_are_offered", tmp_path)
+    assert isinstance(outcome, pytest.fail.Exception)
+    assert "'watches'" in str(outcome) and "'multi_process'" in str(outcome), outcome
+
+
+async def test_multi_process_declared_for_unshared_handles_fails(tmp_path: Path) -> None:
+    suite = _suite(Wrapped, capabilities=frozenset({"catalog", "multi_process"}),
+                   shared_instances=False)
+    for test in [*_tests_of(ProcessTests), "test_s7_declared_capabilities_are_offered"]:
+        outcome = await _outcome(suite, test, tmp_path / test)
+        assert isinstance(outcome, pytest.fail.Exception), (test, outcome)
+        assert "shared_instances = False" in str(outcome), outcome
 
 
 async def test_the_process_test_fails_rather_than_skips_without_a_way_to_open(
     tmp_path: Path,
 ) -> None:
     class LocalSuite(WrappedSuite):  # defined in a function: a child cannot import it
-        pass
+        capabilities = frozenset({"catalog", "multi_process"})
 
-    failure = await _failure(LocalSuite(), "test_s4_concurrent_appends_from_processes", tmp_path)
+    failure = await _outcome(LocalSuite(), "test_s4_concurrent_appends_from_processes", tmp_path)
     assert isinstance(failure, pytest.fail.Exception)
     assert "module level" in str(failure) and "store_opener" in str(failure)
+
+
+# -- the kill test (S14) catches a store that is not all or nothing -------------------
+
+
+class OneEntryAtATime(FileStore):
+    """A wrong store: one write per entry, so a kill can leave part of a call."""
+
+    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            await super().append_entries(session_id, [entry])
+
+
+class OneEntryAtATimeSuite(StoreConformance):
+    """At module level, so the kill test's children can open its store."""
+
+    capabilities = frozenset({"multi_process"})
+
+    async def make_store(self, tmp_path: Path) -> Store:
+        return OneEntryAtATime(tmp_path, durability="flush")
+
+
+async def test_s14_the_kill_test_fails_a_store_that_writes_entry_by_entry(
+    tmp_path: Path,
+) -> None:
+    failure = await _outcome(OneEntryAtATimeSuite(),
+                             "test_s14_batch_cut_by_sigkill_is_whole_or_absent", tmp_path)
+    assert isinstance(failure, AssertionError), failure
+    assert "entries of one append_entries call stored" in str(failure)
+
+
+# -- the suite leaves the one global alone, and marks its long tests ------------------
+
+
+def test_importing_the_suite_registers_no_custom_kind() -> None:
+    # A fresh interpreter: in this one, other test modules have registered kinds.
+    code = ("from threadline.session import custom_kinds\n"
+            "before = custom_kinds()\n"
+            "import threadline.testing\n"
+            "from threadline.testing import StoreConformance, sample_entries\n"
+            "sample_entries()\n"
+            "assert custom_kinds() == before, custom_kinds()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_a_test_that_needs_the_suite_s_kind_registers_it_only_while_it_runs(
+    tmp_path: Path,
+) -> None:
+    before = custom_kinds()
+    for test in ("test_s8_round_trip_every_entry_kind",
+                 "test_s15_foreign_lines_come_back_byte_for_byte"):
+        assert await _outcome(WrappedSuite(), test, tmp_path / test) is None
+        assert custom_kinds() == before
+
+
+def test_the_long_tests_run_a_sample_and_a_stress_run() -> None:
+    def stress_run(test: object) -> bool:
+        return any(m.name == "stress" for mark in getattr(test, "pytestmark", [])
+                   if mark.name == "parametrize" for param in mark.args[1]
+                   for m in getattr(param, "marks", ()))
+
+    marked = {name for name in dir(StoreConformance)
+              if name.startswith("test_") and stress_run(getattr(StoreConformance, name))}
+    assert marked == {"test_s4_concurrent_appends_from_processes",
+                      "test_s14_batch_cut_by_sigkill_is_whole_or_absent",
+                      "test_s26_three_watchers_see_every_append_once_in_order"}
+    ini = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    assert any(line.startswith("stress:") for line in ini["markers"])

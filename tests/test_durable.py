@@ -53,20 +53,17 @@ from threadline.errors import (
     ToolError,
 )
 from threadline.session import (
-    CatalogStore,
     CompactionEntry,
     CustomEntry,
     Entry,
-    FileStore,
-    MemoryStore,
     MessageEntry,
     SessionRecord,
-    SQLiteStore,
-    Store,
     build_context,
+    fold_metadata,
     register_custom,
 )
 from threadline.session._codec import decode_entry, encode_entry
+from threadline.stores import CatalogStore, FileStore, MemoryStore, SQLiteStore, Store
 from threadline.testing import (
     Call,
     Delay,
@@ -404,7 +401,8 @@ async def test_s4_two_concurrent_runs_in_one_process(backend: Backend) -> None:
 
 TRANSCRIPT_STATE = {
     "_factory", "_store", "_session_id", "_tree", "_publisher", "_lock", "_run_task",
-    "_run_owner", "repaired", "diagnostics", "_compaction", "_approval", "_synced_id",
+    "_run_owner", "repaired", "diagnostics", "_compaction", "_approval", "_budget", "_synced_id",
+    "_title",  # the title hook, configuration like _compaction (S61)
 }
 
 
@@ -466,8 +464,12 @@ async def test_s27_branch_cannot_pull_the_path_from_under_a_waiting_compaction(
 async def test_s5_session_record_carries_no_application_metadata(store: Store) -> None:
     assert set(SessionRecord.__struct_fields__) == {"id", "parent_id", "created_at"}
     agent = await durable.open(None, store=store)
-    for name in ("title", "mode", "model", "metadata"):
+    for name in ("title", "mode", "model"):
         assert not hasattr(agent, name)
+    # Metadata is entries in the log (S61); the agent folds what it loaded, holds no more.
+    await agent.set_metadata(title="t")
+    assert agent.metadata == fold_metadata(agent.entries)
+    assert set(SessionRecord.__struct_fields__) == {"id", "parent_id", "created_at"}
 
 
 # -- S6 --------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from store_kinds import import_every_store
+from support.stores import import_every_store
 from threadline import durable
 from threadline.ai._messages import ToolResultMessage, UserMessage
 from threadline.ai._tools import tool

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from test_stores_url_copy import _BareStore  # the contract's three methods, nothing more
+from support.stores import BareStore
 from threadline import durable
 from threadline.ai._messages import UserMessage
 from threadline.durable import StoredMessageEnd
 from threadline.durable import _retry as retry
 from threadline.errors import AgentError, StoreError, StoreUnavailable
-from threadline.session import MemoryStore, SQLiteStore
+from threadline.stores import MemoryStore, SQLiteStore
 from threadline.testing import FaultyStore, ScriptedModel, Turn
 
 
@@ -78,6 +78,6 @@ async def test_s26_agent_watch_follows_what_another_agent_appends(tmp_path: Path
 
 
 async def test_s26_agent_watch_on_a_store_without_watch_is_a_clear_error() -> None:
-    agent = await durable.open(None, store=_BareStore(MemoryStore()), session_id="plain")
-    with pytest.raises(AgentError, match=r"'plain'.*_BareStore offers no watch"):
+    agent = await durable.open(None, store=BareStore(MemoryStore()), session_id="plain")
+    with pytest.raises(AgentError, match=r"'plain'.*BareStore offers no watch"):
         agent.watch()

@@ -30,7 +30,8 @@ from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.durable._agent import _QUEUE_SIZE
 from threadline.durable._retry import RETRY_DELAYS
 from threadline.errors import AgentError, InvalidEntry, StoreError, StoreUnavailable
-from threadline.session import FileStore, MemoryStore, MessageEntry, SQLiteStore, Store
+from threadline.session import MessageEntry
+from threadline.stores import FileStore, MemoryStore, SQLiteStore, Store
 from threadline.testing import Call, FaultyStore, ScriptedModel, Text, Turn
 
 
@@ -420,31 +421,13 @@ async def test_s39_a_run_iterated_without_keeping_it_still_knows_its_consumer(
 # -- S48 -----------------------------------------------------------------------
 
 
-class _CountingEncoder:
-    """Stands in for the codec's JSON encoder, counting the entries it encodes."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    def encode(self, obj: Any) -> bytes:
-        self.calls += 1
-        return self.inner.encode(obj)  # type: ignore[no-any-return]
-
-
 def _tool_script() -> list[Turn]:
     return [Turn(Text("checking"), Call("lookup", {"step": 1})),
             Turn(Text("again"), Call("lookup", {"step": 2})),
             Turn.text("done")]
 
 
-async def test_s48_a_memory_run_checks_each_entry_once_and_holds_what_it_decoded(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from threadline.session import _codec
-
-    counting = _CountingEncoder(_codec._encoder)
-    monkeypatch.setattr(_codec, "_encoder", counting)
+async def test_s48_a_run_holds_copies_of_what_it_stored() -> None:
     store = MemoryStore()
     agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
                                store=store)
@@ -452,43 +435,11 @@ async def test_s48_a_memory_run_checks_each_entry_once_and_holds_what_it_decoded
     async for ev in agent.run("go"):
         if isinstance(ev, StoredMessageEnd):
             given.append(ev.message)
-    encoded = counting.calls
-    stored = await store.load_entries(agent.session_id)  # loading encodes too: after
-    # One encode per entry: the agent's check gave the store its line and
-    # the agent its copy; neither encoded the entry again.
-    assert encoded == len(stored) == 6
-    assert stored == agent.entries
+    stored = await store.load_entries(agent.session_id)
+    assert stored == agent.entries and len(stored) == 6
     held = [e.message for e in agent.entries if isinstance(e, MessageEntry)]
     assert held == given
     assert not any(h is g for h, g in zip(held, given, strict=True))
-
-
-async def test_s48_a_file_store_run_checks_each_entry_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The file store takes the agent's checked lines too (S48), and makes the
-    # version 3 lines from the entries the agent's check decoded: the store
-    # checks nothing again.
-    from threadline.session import _codec
-
-    again: list[Any] = []
-    real = _codec.check_entry
-
-    def counted(entry: Any, session_id: str | None = None) -> Any:
-        again.append(entry)
-        return real(entry, session_id)
-
-    monkeypatch.setattr(_codec, "check_entry", counted)  # the store's calls, not the agent's
-    store = FileStore(tmp_path)
-    agent = await durable.open(lambda: AgentLoop(ScriptedModel(_tool_script()), [lookup]),
-                               store=store)
-    await agent.run("go").collect()
-    assert again == []
-    stored = await FileStore(tmp_path).load_entries(agent.session_id)
-    assert stored == agent.entries and len(stored) == 6
-    await store.append_entries(agent.session_id, [MessageEntry(
-        parent_id=stored[-1].id, message=UserMessage.of("direct"))])
-    assert len(again) == 1  # an append of its own is checked as ever
 
 
 class _CountingMemory(MemoryStore):

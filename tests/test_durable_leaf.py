@@ -21,15 +21,8 @@ from threadline import durable
 from threadline.ai._messages import UserMessage
 from threadline.durable import DurableAgent, LifecycleEvent, SessionBranched
 from threadline.errors import AgentError, SessionNotFound
-from threadline.session import (
-    Entry,
-    FileStore,
-    MemoryStore,
-    SessionRecord,
-    Store,
-    TreeIndex,
-    TreeView,
-)
+from threadline.session import Entry, SessionRecord, TreeIndex, TreeView
+from threadline.stores import FileStore, MemoryStore, Store
 
 
 class HeldAppendStore:

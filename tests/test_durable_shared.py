@@ -15,20 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from store_kinds import StoreSpec, assert_one_order, close, race, run_threads
+from support.stores import StoreSpec, assert_one_order, close, race, run_threads
 from threadline import durable
 from threadline.ai import UserMessage
 from threadline.errors import ConfigError, EntryNotFound, StoreError
-from threadline.session import (
-    BranchSummaryEntry,
-    CustomEntry,
-    Entry,
-    FileStore,
-    MemoryStore,
-    MessageEntry,
-    SessionRecord,
-    Store,
-)
+from threadline.session import BranchSummaryEntry, CustomEntry, Entry, MessageEntry, SessionRecord
+from threadline.stores import FileStore, MemoryStore, Store
 from threadline.testing import FaultyStore
 
 
@@ -40,7 +32,7 @@ def texts(entries: list[Entry]) -> list[str]:
 CHILD = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from store_kinds import StoreSpec, close
+from support.stores import StoreSpec, close
 from threadline import durable
 from threadline.ai import UserMessage
 
@@ -305,7 +297,7 @@ async def test_s33_a_pool_passed_in_is_refused_from_another_loop(pg_url: str,
                                                                   pg_schema: str) -> None:
     from psycopg_pool import AsyncConnectionPool
 
-    from threadline.session import PostgresStore
+    from threadline.stores import PostgresStore
 
     async with AsyncConnectionPool(pg_url, min_size=1, max_size=1,
                                    kwargs={"autocommit": True}) as pool:

@@ -8,28 +8,37 @@ wrote is seen by the next only through the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from effects_support import STORE_KINDS, Counter, assert_one_result_each, pay_tool, store_url
+from support.effects import (
+    Counter,
+    Stores,
+    assert_one_result_each,
+    crashed_turn,
+    durable_user,
+    pay_tool,
+    refund_script,
+    refund_tool,
+    stores,
+)
 from threadline import durable
 from threadline.agent import AgentEnd
-from threadline.ai import AssistantMessage, ToolCall, ToolContext, ToolResultMessage, tool
+from threadline.ai import ToolCall, ToolContext, ToolResultMessage, tool
 from threadline.durable import (
     ApprovalRequested,
     RunEvent,
     RunStarted,
     ToolCallInDoubt,
-    ToolPlan,
     ToolStarted,
     pending_approvals,
 )
 from threadline.errors import AgentError, ApprovalError, DecisionConflict
-from threadline.session import CustomEntry, Entry, MemoryStore, MessageEntry, Store
-from threadline.stores import open_store
+from threadline.session import CustomEntry, Entry, MessageEntry
+from threadline.stores import Store
 from threadline.testing import (
     Call,
     ScriptedModel,
@@ -38,40 +47,7 @@ from threadline.testing import (
     assert_valid_for_providers,
 )
 
-
-class Stores:
-    """New handles on one storage, closed at the end."""
-
-    def __init__(self, kind: str, url: str) -> None:
-        self.kind = kind
-        self.url = url
-        self._memory = MemoryStore()
-        self._opened: list[Any] = []
-
-    def open(self) -> Store:
-        if self.kind == "memory":
-            return self._memory
-        store = open_store(self.url)
-        self._opened.append(store)
-        return store
-
-    async def close(self) -> None:
-        for store in self._opened:
-            await store.close()
-
-
-@pytest.fixture(params=STORE_KINDS)
-async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    kind = request.param
-    if kind == "postgres":
-        pg_url = request.getfixturevalue("pg_url")
-        schema = request.getfixturevalue("pg_schema")
-        url = store_url(kind, tmp_path, pg_url, schema)
-    else:
-        url = store_url(kind, tmp_path)
-    s = Stores(kind, url)
-    yield s
-    await s.close()
+__all__ = ["stores"]  # the fixtures, imported for these tests
 
 
 def records(entries: Sequence[Entry], kind: str) -> list[CustomEntry[Any]]:
@@ -81,31 +57,6 @@ def records(entries: Sequence[Entry], kind: str) -> list[CustomEntry[Any]]:
 def tool_results(entries: Sequence[Entry]) -> list[ToolResultMessage]:
     return [e.message for e in entries
             if isinstance(e, MessageEntry) and isinstance(e.message, ToolResultMessage)]
-
-
-async def crashed_turn(stores: Stores, sid: str, calls: Sequence[ToolCall],
-                       started: Sequence[str]) -> None:
-    """The log a process leaves when killed mid-turn: the assistant message, its
-    plan, and started records for ``started``, written as the ledger writes them."""
-    agent = await durable.open(None, store=stores.open(), session_id=sid)
-    await agent.append(durable_user("go"))
-    (assistant,) = await agent.append(AssistantMessage(content=tuple(calls),
-                                                       stop_reason="tool_use"))
-    await agent.append(CustomEntry(kind="threadline.tool_plan",
-                                   data=ToolPlan(calls=tuple(c.id for c in calls))))
-    from threadline.durable._effects import idempotency_key
-
-    for call in calls:
-        if call.id in started:
-            await agent.append(CustomEntry(kind="threadline.tool_started", data=ToolStarted(
-                call_id=call.id, tool_name=call.name,
-                idempotency_key=idempotency_key(assistant.id, call.id))))
-
-
-def durable_user(text: str) -> Any:
-    from threadline.ai import UserMessage
-
-    return UserMessage.of(text)
 
 
 # -- S19 -------------------------------------------------------------------------
@@ -297,26 +248,6 @@ async def test_s22_continue_after_input_stored_asks_the_model(stores: Stores) ->
 # -- S23 -------------------------------------------------------------------------
 
 
-def refund_tool(counter: Counter) -> Any:
-    @tool(side_effects=True,
-          approval=lambda args: f"refund of {args['amount']} is over 100"
-          if args["amount"] > 100 else None)
-    async def refund(order: str, amount: int, ctx: ToolContext) -> str:
-        """Refund an order."""
-        counter.hit(ctx.idempotency_key, dedupe=False)
-        return f"refunded {amount} on {order}"
-
-    return refund
-
-
-def refund_script() -> ScriptedModel:
-    return ScriptedModel([
-        Turn(Call("refund", {"order": "o1", "amount": 20}, id="small"),
-             Call("refund", {"order": "o2", "amount": 500}, id="big")),
-        Turn.text("done"),
-    ])
-
-
 async def test_s23_approval_outlives_the_agent_that_asked(stores: Stores,
                                                           tmp_path: Path) -> None:
     counter = Counter(tmp_path / "effects.db")
@@ -427,6 +358,7 @@ async def test_s24_two_deciders_at_once_first_in_log_order_wins(stores: Stores,
 
         def __init__(self, inner: Store, gate: asyncio.Event) -> None:
             self.inner, self.gate = inner, gate
+            self.parked = asyncio.Event()  # an append is waiting at the gate
 
         async def create_session(self, record: Any) -> None:
             await self.inner.create_session(record)
@@ -435,14 +367,16 @@ async def test_s24_two_deciders_at_once_first_in_log_order_wins(stores: Stores,
             return await self.inner.load_entries(sid)
 
         async def append_entries(self, sid: str, entries: Sequence[Entry]) -> None:
+            self.parked.set()
             await self.gate.wait()
             await self.inner.append_entries(sid, entries)
 
     gate = asyncio.Event()
-    approver = await durable.open(None, store=Held(stores.open(), gate), session_id="s24r")
+    held = Held(stores.open(), gate)
+    approver = await durable.open(None, store=held, session_id="s24r")
     denier = await durable.open(None, store=stores.open(), session_id="s24r")
     late = asyncio.create_task(approver.approve("big", by="ann"))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(held.parked.wait(), 30)
     assert not late.done()  # read, not yet written
     first = await denier.deny("big", "no", by="bob")
     gate.set()

@@ -10,42 +10,32 @@ effect counter (a real SQLite file) say.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
-from effects_support import (
+from fork_server import ForkServer, kill, say, serve
+from support.effects import (
     PROCESS_STORE_KINDS,
     Counter,
     assert_one_result_each,
     pay_tool,
     store_url,
 )
-from store_kinds import import_every_store
+from support.stores import import_every_store
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolContext, ToolResultMessage, UserMessage, tool
 from threadline.ai._model import Request
 from threadline.errors import ApprovalError, DecisionConflict
-from threadline.session import CatalogStore, CustomEntry, Entry, MessageEntry
-from threadline.stores import open_store
+from threadline.session import CustomEntry, Entry, MessageEntry
+from threadline.stores import CatalogStore, open_store
 from threadline.testing import Call, ScriptedModel, Turn, assert_valid_for_providers
 
 # -- the child side ----------------------------------------------------------------
-
-
-def _say(**fields: Any) -> None:
-    os.write(1, msgspec.json.encode(fields) + b"\n")
 
 
 def _pay_script(tag: str) -> Any:
@@ -69,7 +59,7 @@ async def _child(job: dict[str, Any]) -> None:
         await _MODES[job["mode"]](job, counter, store)
     finally:
         await store.close()
-    _say(tag=tag, done=True)
+    say(tag=tag, done=True)
 
 
 async def _run_pay(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
@@ -80,7 +70,7 @@ async def _run_pay(job: dict[str, Any], counter: Counter, store: CatalogStore) -
         await asyncio.sleep(rng.uniform(0, 0.003))
 
     def hooks(phase: str, key: str) -> None:
-        _say(tag=tag, phase=phase, key=key)
+        say(tag=tag, phase=phase, key=key)
 
     pay = pay_tool(counter, replay=job["replay"], hooks=hooks, pause=pause)
     agent = await durable.open(durable.model(ScriptedModel(_pay_script(tag)), [pay]),
@@ -101,7 +91,7 @@ async def _run_approve(job: dict[str, Any], counter: Counter, store: CatalogStor
     tag = job["tag"]
     agent = await durable.open(None, store=store, session_id=job["session"])
     go = Path(job["go"]) if job.get("go") else None
-    _say(tag=tag, ready=True)
+    say(tag=tag, ready=True)
     while go is not None and not go.exists():  # noqa: ASYNC110
         await asyncio.sleep(0.0005)
     try:
@@ -109,11 +99,11 @@ async def _run_approve(job: dict[str, Any], counter: Counter, store: CatalogStor
             await agent.approve("big", by=tag)
         else:
             await agent.deny("big", f"denied by {tag}", by=tag)
-        _say(tag=tag, outcome="ok")
+        say(tag=tag, outcome="ok")
     except DecisionConflict:
-        _say(tag=tag, outcome="conflict")
+        say(tag=tag, outcome="conflict")
     except ApprovalError:
-        _say(tag=tag, outcome="refused")
+        say(tag=tag, outcome="refused")
 
 
 async def _run_approval_c(job: dict[str, Any], counter: Counter, store: CatalogStore) -> None:
@@ -135,7 +125,7 @@ def _report(tag: str, ev: Any) -> None:
     for e in entries:
         if isinstance(e, MessageEntry):
             kind = type(e.message).__name__
-            _say(tag=tag, stored=kind)
+            say(tag=tag, stored=kind)
 
 
 def _refund(counter: Counter, hang: asyncio.Event | None, tag: str | None = None) -> Any:
@@ -148,7 +138,7 @@ def _refund(counter: Counter, hang: asyncio.Event | None, tag: str | None = None
         """Refund."""
         counter.hit(ctx.idempotency_key, dedupe=False)
         if tag is not None:  # in a child: tell the test
-            _say(tag=tag, effect=ctx.idempotency_key)
+            say(tag=tag, effect=ctx.idempotency_key)
         if hang is not None:
             await hang.wait()
         return f"refunded {amount}"
@@ -162,72 +152,15 @@ def _refund_script() -> list[Turn]:
 
 def _zygote() -> None:
     import_every_store()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
-    for line in sys.stdin.buffer:
-        job = msgspec.json.decode(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                asyncio.run(_child(job))
-            except BaseException as exc:
-                _say(tag=job["tag"], error=f"{type(exc).__name__}: {exc}")
-                code = 1
-            os._exit(code)
-        _say(tag=job["tag"], pid=pid)
+    serve(lambda job: asyncio.run(_child(job)))
 
 
 # -- the test side -----------------------------------------------------------------
 
 
-class Zygote:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            cwd=Path(__file__).parent,
-        )
-        self.lines: dict[str, list[dict[str, Any]]] = {}
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            msg = msgspec.json.decode(raw)
-            with self._cond:
-                self.lines.setdefault(msg.get("tag", ""), []).append(msg)
-                self._cond.notify_all()
-
-    def start(self, **job: Any) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(msgspec.json.encode({"seed": 0, **job}) + b"\n")
-        self.proc.stdin.flush()
-        return int(self.wait_for(job["tag"], "pid")["pid"])
-
-    def wait_for(self, tag: str, key: str, value: Any = None,
-                 timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for msg in self.lines.get(tag, ()):
-                    if "error" in msg:
-                        raise AssertionError(f"{tag}: {msg['error']}")
-                    if key in msg and (value is None or msg[key] == value):
-                        return msg
-                left = deadline - time.monotonic()
-                assert left > 0, f"{tag}: no {key}={value} in {self.lines.get(tag)}"
-                self._cond.wait(left)
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    z = Zygote()
+def zygote() -> Iterator[ForkServer]:
+    z = ForkServer(Path(__file__), Path(__file__).parent)
     yield z
     z.close()
 
@@ -239,11 +172,6 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return store_url(kind, tmp_path, request.getfixturevalue("pg_url"),
                          request.getfixturevalue("pg_schema"))
     return store_url(kind, tmp_path)
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it finished first
-        os.kill(pid, signal.SIGKILL)
 
 
 PHASES = ("before_started", "after_started", "mid_tool", "after_effect", "after_result")
@@ -298,7 +226,7 @@ async def _settle(url: str, session: str, counter: Counter, replay: str) -> list
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("replay", ["never", "safe"])
 def test_s21_double_payment_200_kills_at_every_phase(
-    zygote: Zygote, url: str, tmp_path: Path, replay: str
+    zygote: ForkServer, url: str, tmp_path: Path, replay: str
 ) -> None:
     counter = Counter(tmp_path / "effects.db")
     rng = random.Random(20261201)
@@ -312,14 +240,13 @@ def test_s21_double_payment_200_kills_at_every_phase(
         key, value = WAIT_POINTS[i % len(WAIT_POINTS)]
         if key is not None:
             try:
-                zygote.wait_for(tag, key, value, timeout=30)
+                zygote.wait_for(tag, key, value=value, timeout=30)
             except AssertionError:
                 if not any("done" in m for m in zygote.lines.get(tag, ())):
                     raise
         time.sleep(rng.uniform(0, 0.004))
-        _kill(pid)
+        kill(pid)
         kills += 1
-        _wait_gone(pid)
         entries = asyncio.run(_load(url, session))
         for phase in _phases(entries, counter, zygote.lines.get(tag, [])):
             hit[phase] += 1
@@ -368,21 +295,9 @@ async def _load(url: str, session: str) -> list[Entry]:
         await store.close()
 
 
-def _wait_gone(pid: int) -> None:
-    # SIGCHLD is ignored in the fork server, so the kernel reaps the child;
-    # wait until it is gone so its locks and connections are released.
-    for _ in range(10000):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"child {pid} did not die")
-
-
 @pytest.mark.timeout(120)
 def test_s23_approval_across_processes_with_a_kill_during_the_last(
-    zygote: Zygote, url: str, tmp_path: Path
+    zygote: ForkServer, url: str, tmp_path: Path
 ) -> None:
     counter = Counter(tmp_path / "effects.db")
     common = {"store": url, "session": "refund", "counter": str(counter.path)}
@@ -393,8 +308,7 @@ def test_s23_approval_across_processes_with_a_kill_during_the_last(
     assert zygote.wait_for(b, "outcome")["outcome"] == "ok"
     pid = zygote.start(tag=c, mode="approval_c", **common)
     zygote.wait_for(f"{c}-tool", "effect")  # C refunded and hangs before its result
-    _kill(pid)
-    _wait_gone(pid)
+    kill(pid)
 
     async def finish() -> list[Entry]:
         store = open_store(url)
@@ -416,7 +330,7 @@ def test_s23_approval_across_processes_with_a_kill_during_the_last(
 
 
 @pytest.mark.timeout(180)
-def test_s24_two_processes_decide_at_once(zygote: Zygote, url: str, tmp_path: Path) -> None:
+def test_s24_two_processes_decide_at_once(zygote: ForkServer, url: str, tmp_path: Path) -> None:
     counter = Counter(tmp_path / "effects.db")
     outcomes: dict[str, int] = {}
     for round_ in range(8):

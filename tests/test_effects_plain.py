@@ -25,7 +25,8 @@ from threadline.durable import (
     ToolStarted,
 )
 from threadline.durable._effects import idempotency_key
-from threadline.session import CustomEntry, Entry, MemoryStore, MessageEntry
+from threadline.session import CustomEntry, Entry, MessageEntry
+from threadline.stores import MemoryStore
 from threadline.testing import Call, ScriptedModel, Turn
 
 

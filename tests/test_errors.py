@@ -19,7 +19,8 @@ from threadline.errors import (
     StoreError,
     ThreadlineError,
 )
-from threadline.session import Entry, MemoryStore, SessionRecord
+from threadline.session import Entry, SessionRecord
+from threadline.stores import MemoryStore
 
 
 def test_every_public_error_derives_from_the_root() -> None:

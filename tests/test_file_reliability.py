@@ -27,11 +27,13 @@ from hypothesis import strategies as st
 
 from threadline.ai._messages import TextPart, ToolResultMessage, UserMessage
 from threadline.errors import CorruptLog, InvalidSessionId
-from threadline.session import FileStore, MessageEntry, SessionRecord, check_session_id
-from threadline.session._codec import encode_entry, encode_init, frame
-from threadline.session._codec import export_lines as encode_entries
+from threadline.session import MessageEntry, SessionRecord
+from threadline.session._codec import encode_entry
 from threadline.session._entries import Entry
-from threadline.session._file import session_file_name
+from threadline.stores import FileStore, check_session_id
+from threadline.stores.file._format import encode_init, frame
+from threadline.stores.file._format import export_lines as encode_entries
+from threadline.stores.file._store import session_file_name
 from threadline.testing._conformance import _process_append, check_concurrent_log
 
 # forkserver: a clean parent forks the workers, so they do not copy this
@@ -367,20 +369,21 @@ async def test_s4_eight_processes_append_500_each_to_one_session(tmp_path: Path)
 # -- fork with open files -------------------------------------------------------
 
 
-def test_s4_forked_child_does_not_append_through_the_parents_open_file(tmp_path: Path) -> None:
+def test_s4_forked_child_appends_on_its_own_and_waits_for_the_parents_lock(
+        tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     asyncio.run(store.create_session(SessionRecord(id="s")))
-    asyncio.run(store.append_entries("s", [_msg("parent 1")]))  # the store keeps s open
-    # Lock through the store's own descriptor, as its writer does mid-append.
-    # A child writing through the inherited copy would share this lock and
-    # not wait for it.
-    held = store._logs["s"].fd
+    asyncio.run(store.append_entries("s", [_msg("parent 1")]))  # its worker threads started
+    # The lock as the parent's writer holds it mid-append. The child must wait
+    # for it, and must not wait for worker threads that exist in the parent only.
+    held = os.open(store.path_for("s"), os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child never returns into pytest
         try:
             os.close(read_fd)
+            os.close(held)  # the parent's lock, not the child's
             signal.alarm(20)  # a hang fails the test instead of stalling it
             asyncio.run(store.append_entries("s", [_msg("child")]))
             os.write(write_fd, b"appended")
@@ -391,7 +394,7 @@ def test_s4_forked_child_does_not_append_through_the_parents_open_file(tmp_path:
         early, _, _ = select.select([read_fd], [], [], 0.3)
         assert not early, "the child appended while the parent held the lock"
     finally:
-        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
         output = _read_all(read_fd)
         os.waitpid(pid, 0)
     assert output == b"appended"

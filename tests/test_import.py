@@ -24,7 +24,7 @@ import msgspec
 import pytest
 from agents.memory import SQLiteSession
 
-from cli_helpers import tl, tl_pty
+from support.cli import tl, tl_pty
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.cli._formats import EXPORTERS, IMPORTERS
@@ -40,15 +40,13 @@ from threadline.session import (
     CompactionEntry,
     CustomEntry,
     CustomMessageEntry,
-    FileStore,
-    MemoryStore,
     MessageEntry,
     SessionRecord,
     TreeIndex,
     build_context,
 )
-from threadline.session._codec import export_lines
-from threadline.stores import CopyResult, copy_sessions
+from threadline.stores import CopyResult, FileStore, MemoryStore, copy_sessions
+from threadline.stores.file._format import export_lines
 from threadline.testing import assert_valid_for_providers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "import"
@@ -510,7 +508,7 @@ def test_s30_hostile_text_in_a_transcript_is_shown_escaped(tmp_path: Path) -> No
     path.write_text(text.rsplit("\n", 2)[0] + "\n", encoding="utf-8")
     shown, as_json = "x\\x1b[2J\\u202ey", "x\\u001b[2J\\u202ey"
     for args, escaped in ((("import", "--format", "pi", str(path)), shown),
-                          (("show", evil, "--no-pager"), shown),
+                          (("show", evil, "--no-pager", "--custom"), shown),
                           (("import", "--format", "pi", str(path), "--json"), as_json)):
         proc = tl("--store", store, *args)
         out = proc.stdout + proc.stderr

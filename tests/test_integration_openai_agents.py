@@ -19,24 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+from agents import Runner
 from agents.memory import Session, SessionSettings
-from openai import AsyncOpenAI
 
-from cli_helpers import tl
-from store_kinds import (
-    StoreSpec,
-    assert_one_order,
-    close,
-    race,
-    run_threads,
-)
+from support.agents_sdk import make_agent
+from support.cli import tl
+from support.stores import StoreSpec, assert_one_order, close, race, run_threads
+from support.wire_server import WireServer, json_reply
 from threadline import durable
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.errors import AgentError, StoreError
-from threadline.integrations.openai_agents import ITEM_KIND, ThreadlineSession
-from threadline.session import CustomEntry, FileStore, MemoryStore, MessageEntry, Store
-from wire_server import WireServer, json_reply
+from threadline.integrations.openai_agents import ThreadlineSession
+from threadline.session import MessageEntry
+from threadline.stores import FileStore, MemoryStore, Store
 
 HERE = Path(__file__).resolve().parent
 
@@ -105,9 +100,8 @@ async def test_pop_and_clear_keep_the_log(store_spec: StoreSpec) -> None:
     assert await ThreadlineSession("sdk-pop", store_spec.open()).get_items() == [user("e")]
     # Everything is still in the log: the popped "c" included.
     agent = await durable.open(None, store=store, session_id="sdk-pop", repair=False)
-    stored = [e.data.item for e in agent.entries
-              if isinstance(e, CustomEntry) and e.kind == ITEM_KIND]
-    assert stored == [user("a"), assistant("b"), user("c"), user("d"), user("e")]
+    stored = [e.message.text for e in agent.entries if isinstance(e, MessageEntry)]
+    assert stored == ["a", "b", "c", "d", "e"]
     await close(store)
 
 
@@ -160,7 +154,8 @@ async def test_a_call_without_output_is_never_answered_by_repair(tmp_path: Path)
 def test_s33_one_session_object_from_five_threads_with_their_own_loops(
     store_spec: StoreSpec,
 ) -> None:
-    session = ThreadlineSession("sdk-threads", store_spec.open())
+    store = store_spec.open()
+    session = ThreadlineSession("sdk-threads", store)
     errors: list[BaseException] = []
 
     def worker(t: int) -> None:
@@ -175,12 +170,13 @@ def test_s33_one_session_object_from_five_threads_with_their_own_loops(
     items = asyncio.run(session.get_items())
     assert_one_order([i["content"] for i in items], [f"t{t}" for t in range(5)], 5)
     asyncio.run(session.close())
+    asyncio.run(close(store))  # the session's store stays its owner's to close
 
 
 CHILD_ADD = """
 import asyncio, sys
 sys.path.insert(0, {here!r})
-from store_kinds import StoreSpec, close
+from support.stores import StoreSpec, close
 from threadline.integrations.openai_agents import ThreadlineSession
 
 async def main():
@@ -235,18 +231,6 @@ def text_reply(text: str) -> Any:
     return json_reply(200, completion({"role": "assistant", "content": text}, "stop"))
 
 
-@function_tool
-def weather(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
-
-
-def make_agent(url: str) -> Agent[Any]:
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="test", max_retries=0)
-    return Agent(name="helper", instructions="Be brief.", tools=[weather],
-                 model=OpenAIChatCompletionsModel(model="m", openai_client=client))
-
-
 async def test_runner_run_with_a_tool_call_persists_through_threadline(tmp_path: Path) -> None:
     async with WireServer() as srv:
         srv.reply(tool_call_reply(), text_reply("It is sunny in Paris."),
@@ -278,10 +262,10 @@ async def test_runner_run_with_a_tool_call_persists_through_threadline(tmp_path:
 CHILD_TURN = """
 import asyncio, os, sys
 sys.path.insert(0, {here!r})
-from test_integration_openai_agents import make_agent
+from support.agents_sdk import make_agent
 from agents import Runner
 from threadline.integrations.openai_agents import ThreadlineSession
-from threadline.session import FileStore
+from threadline.stores import FileStore
 
 async def main():
     session = ThreadlineSession("run-kill", FileStore(sys.argv[2]))
@@ -322,7 +306,7 @@ async def test_resume_in_a_second_process_after_kill_9_between_turns(tmp_path: P
 CHILD_FOREVER = """
 import asyncio, sys
 sys.path.insert(0, {here!r})
-from store_kinds import StoreSpec
+from support.stores import StoreSpec
 from threadline.integrations.openai_agents import ThreadlineSession
 
 async def main():

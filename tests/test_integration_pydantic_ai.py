@@ -17,19 +17,15 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from cli_helpers import tl
-from store_kinds import StoreSpec, close
+from support.cli import tl
+from support.stores import StoreSpec, close
 from threadline.ai import AssistantMessage, ToolResultMessage, UserMessage
 from threadline.errors import AgentError
 from threadline.integrations.pydantic_ai import PydanticAIHistory
-from threadline.session import FileStore, MemoryStore
+from threadline.stores import FileStore, MemoryStore
 
 HERE = Path(__file__).resolve().parent
 
@@ -70,9 +66,9 @@ async def test_history_round_trips_losslessly_on_every_store(store_spec: StoreSp
 CHILD = """
 import asyncio, sys
 sys.path.insert(0, {here!r})
-from test_integration_pydantic_ai import remembering_agent
+from support.pydantic_agents import remembering_agent
 from threadline.integrations.pydantic_ai import PydanticAIHistory
-from threadline.session import FileStore
+from threadline.stores import FileStore
 
 async def main():
     history = await PydanticAIHistory.open(FileStore(sys.argv[1]), "pai-restart")
@@ -82,25 +78,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def remembering_agent() -> Agent[None, str]:
-    """Calls a tool on the first prompt; later says how many prompts it has seen."""
-    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        prompts = [p.content for m in messages for p in m.parts
-                   if getattr(p, "part_kind", "") == "user-prompt"]
-        returned = any(getattr(p, "part_kind", "") == "tool-return" for p in messages[-1].parts)
-        if len(prompts) == 1 and not returned:
-            return ModelResponse(parts=[ToolCallPart("weather", {"city": "Oslo"}, "c1")])
-        return ModelResponse(parts=[TextPart(f"seen: {' | '.join(map(str, prompts))}")])
-
-    agent = Agent(FunctionModel(respond))
-
-    @agent.tool_plain
-    def weather(city: str) -> str:
-        return f"snow in {city}"
-
-    return agent
 
 
 def test_history_survives_a_process_restart(tmp_path: Path) -> None:

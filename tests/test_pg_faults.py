@@ -29,14 +29,14 @@ import pytest
 import pytest_asyncio
 
 from conftest import require_or_skip
-from pgbouncer import PgBouncer, PrivateCluster
-from tcp_proxy import TcpProxy
+from support.pgbouncer import PgBouncer, PrivateCluster
+from support.tcp_proxy import TcpProxy
 from threadline import durable
 from threadline.ai._messages import UserMessage
 from threadline.durable import DurableAgent, RunEvent, StoredMessageEnd
 from threadline.errors import StoreUnavailable
-from threadline.session import PostgresStore
-from threadline.session._rows import id_text
+from threadline.stores import PostgresStore
+from threadline.stores._rows import id_text
 from threadline.testing import ScriptedModel, Turn
 
 

@@ -1,5 +1,6 @@
 """Which PostgresStore queries stay on one shard if the tables were distributed
-by ``session_id`` (Citus-style); checked on the real planner with EXPLAIN.
+by ``session_id`` (Citus-style), and that every query stays on one shard when
+they are distributed by ``tenant``; checked on the real planner with EXPLAIN.
 
 A query stays on one shard when every scan of ``sessions`` and ``entries`` in
 its plan is restricted to one ``session_id`` value by an index condition (or,
@@ -11,25 +12,29 @@ docs/scaling.md lists each query with its verdict.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
-from threadline.session import PostgresStore, SessionRecord
+from threadline.session import SessionRecord
+from threadline.stores import PostgresStore
+from threadline.stores._listing import Filters
+from threadline.stores.postgres._catalog import list_query
 
 ONE_SESSION = ("load", "session", "delete_session", "delete_entries", "stored_batch",
                "watch_start", "watch_read", "append", "append1", "append2")
 ALL_SESSIONS = ("list_first", "list_after")
 
 PARAMS: dict[str, Any] = {
-    "load": ("s",), "session": ("s",), "delete_session": ("s",), "delete_entries": ("s",),
-    "stored_batch": ("s", [b"\0a", b"\0b"]), "watch_start": {"sid": "s", "after": b"\0a"},
-    "watch_read": ("s", 0), "list_first": (10,),
-    "list_after": ("2024-01-01T00:00:00Z", "s", 10),
-    "append": (1, "s", 1, [0], [b"\0a"], [None], [None], [b"{}"]),
-    "append1": ("s", 0, b"\0a", None, None, b"{}"),
-    "append2": ("s", 0, b"\0a", None, None, b"{}", 0, b"\0b", b"\0a", 1, b"{}"),
+    "load": ("", "s"), "session": ("", "s"), "delete_session": ("", "s"),
+    "delete_entries": ("", "s"), "stored_batch": ("", "s", [b"\0a", b"\0b"]),
+    "watch_start": {"t": "", "sid": "s", "after": b"\0a"},
+    "watch_read": ("", "s", 0),
+    "append": (1, None, "", "s", 1, [0], [b"\0a"], [None], [None], [b"{}"]),
+    "append1": (None, "", "s", 0, b"\0a", None, None, b"{}"),
+    "append2": (None, "", "s", 0, b"\0a", None, None, b"{}", 0, b"\0b", b"\0a", 1, b"{}"),
 }
 
 
@@ -57,10 +62,18 @@ async def test_queries_are_keyed_by_session_id_except_listing(
 ) -> None:
     async with PostgresStore(pg_url, schema=pg_schema) as store:
         await store.create_session(SessionRecord(id="s"))
-        query = store._q[name]
-    scans = _scans(_explain(pg_url, query, PARAMS[name]))
-    keyed = [s for s in scans
-             if "session_id = " in " ".join(s.get(k, "") for k in ("Index Cond", "Recheck Cond"))]
+        if name in ALL_SESSIONS:  # built per call, for its order, filters and cursor
+            after = None if name == "list_first" else (datetime(2024, 1, 1, tzinfo=UTC), "s")
+            query, params = list_query("", 10, after, Filters(None, None, None), "created")
+            query = query.replace("{s}", store._schema_sql)
+        else:
+            query, params = store._q[name], PARAMS[name]
+    scans = _scans(_explain(pg_url, query, params))
+    conds = [" ".join(s.get(k, "") for k in ("Index Cond", "Recheck Cond")) for s in scans]
+    keyed = [s for s, cond in zip(scans, conds, strict=True) if "session_id = " in cond]
+    # S72: every scan, listing included, is limited to one tenant by its index, so
+    # tables distributed by tenant answer every query from one shard.
+    assert all("tenant = " in cond for cond in conds), f"{name}: a scan of all tenants: {scans}"
     if name in ONE_SESSION:
         assert scans, f"{name}: no scan of sessions or entries in the plan"
         assert keyed == scans, f"{name}: a scan not limited to one session_id: {scans}"

@@ -1,11 +1,12 @@
 """The PostgreSQL append on the wire (S47): an append on the store's own pool
 goes straight through libpq, with the store's own errors, cancellation and
-PgBouncer behaviour, and one reader per connection kept on the event loop."""
+PgBouncer behaviour, and a reader or writer on the event loop only while it
+waits, so psycopg's own operations on the connection never meet it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -13,11 +14,12 @@ import pytest
 import pytest_asyncio
 from psycopg import sql
 
-from test_store_postgres import cancel_while_locked
+from support.postgres import blocked_by, cancel_while_locked
 from threadline.ai._messages import UserMessage
 from threadline.errors import SessionNotFound, StoreError, StoreUnavailable
-from threadline.session import MessageEntry, PostgresStore, SessionRecord
-from threadline.session._postgres import _Wire
+from threadline.session import MessageEntry, SessionRecord
+from threadline.stores import PostgresStore
+from threadline.stores.postgres import _store, _wire
 
 
 def _entry(text: str, parent: str | None = None) -> MessageEntry:
@@ -30,48 +32,56 @@ def _sql(url: str, query: str, schema: str, *params: Any) -> list[tuple[Any, ...
         return cur.fetchall() if cur.description else []
 
 
-class Readers:
-    """Counts the wire's readers added to and taken off the running loop."""
+class Wires:
+    """The wires the store makes (one per pooled connection), and the sockets
+    they wait on: ``on_loop`` holds those with a reader or writer on the loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.added = 0
-        self.wires: list[_Wire] = []
-        self._add = loop.add_reader
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[_wire.Wire] = []
+        self.reads = self.writes = 0
+        self.on_loop: set[int] = set()
+        made = self.made
 
-        def add_reader(fd: Any, callback: Callable[..., object], *args: Any) -> None:
-            owner = getattr(callback, "__self__", None)
-            if isinstance(owner, _Wire):
-                self.added += 1
-                if owner not in self.wires:
-                    self.wires.append(owner)
-            self._add(fd, callback, *args)
+        class Recorded(_wire.Wire):
+            def __init__(self, conn: _wire.Connection) -> None:
+                super().__init__(conn)
+                made.append(self)
 
-        loop.add_reader = add_reader  # type: ignore[method-assign]
-
-    @property
-    def watching(self) -> int:
-        return sum(w.watched for w in self.wires)
-
-
-@pytest.fixture
-def readers() -> Iterator[Callable[[], Readers]]:
-    made: list[tuple[asyncio.AbstractEventLoop, Readers]] = []
-
-    def make() -> Readers:
+        monkeypatch.setattr(_store, "Wire", Recorded)
         loop = asyncio.get_running_loop()
-        counter = Readers(loop)
-        made.append((loop, counter))
-        return counter
+        for kind in ("reader", "writer"):
+            real_add, real_remove = getattr(loop, f"add_{kind}"), getattr(loop, f"remove_{kind}")
 
-    yield make
-    for loop, counter in made:
-        loop.add_reader = counter._add  # type: ignore[method-assign]
+            def add(fd: int, callback: Any, *args: Any, kind: str = kind,
+                    real_add: Any = real_add) -> None:
+                if callback is _wire.settle:
+                    self.on_loop.add(fd)
+                    if kind == "reader":
+                        self.reads += 1
+                    else:
+                        self.writes += 1
+                real_add(fd, callback, *args)
+
+            def remove(fd: int, real_remove: Any = real_remove) -> bool:
+                self.on_loop.discard(fd)
+                return bool(real_remove(fd))
+
+            monkeypatch.setattr(loop, f"add_{kind}", add)
+            monkeypatch.setattr(loop, f"remove_{kind}", remove)
 
 
 @pytest_asyncio.fixture
-async def store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
-    """A store on one pooled connection, with session "s"."""
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
+async def wires(monkeypatch: pytest.MonkeyPatch) -> Wires:
+    return Wires(monkeypatch)
+
+
+@pytest_asyncio.fixture(params=[None, "acme"], ids=["default-tenant", "tenant"])
+async def store(pg_url: str, pg_schema: str,
+                request: pytest.FixtureRequest) -> AsyncIterator[PostgresStore]:
+    """A store on one pooled connection, with session "s"; for the default
+    tenant, and for a tenant (its appends pipelined after a ``set_config``)."""
+    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5,
+                          tenant=request.param, trusted=True)
     try:
         await store.create_session(SessionRecord(id="s"))
         yield store
@@ -89,37 +99,22 @@ async def _chain(store: PostgresStore, sid: str, count: int,
     return ids
 
 
-async def test_s47_appends_keep_one_reader_that_other_work_takes_off(
-    pg_url: str, pg_schema: str, readers: Callable[[], Readers],
-    monkeypatch: pytest.MonkeyPatch
+async def test_s47_appends_and_psycopg_take_turns_on_one_connection(
+    store: PostgresStore, wires: Wires
 ) -> None:
-    # No store listens; the look for a listener (a psycopg statement each
-    # 0.25 s) is put off so the count does not depend on the machine's speed.
-    monkeypatch.setattr("threadline.session._postgres._QUIET", 3600.0)
-    counter = readers()
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        ids = await _chain(store, "s", 2)
-        added = counter.added
-        ids += await _chain(store, "s", 20, ids[-1])
-        assert (counter.added, counter.watching, len(counter.wires)) == (added, 1, 1)
-        # psycopg's own operations on the connection read the socket themselves.
-        assert [e.id for e in await store.load_entries("s")] == ids
-        assert counter.watching == 0
-        ids += await _chain(store, "s", 3, ids[-1])
-        assert (counter.added, counter.watching) == (added + 1, 1)
-        # So does an application's own query on the pool's connection.
-        async with store.pool.connection() as conn:
-            await conn.execute("SELECT 1")
-        assert counter.watching == 0
-        ids += await _chain(store, "s", 1, ids[-1])
-        assert [e.id for e in await store.load_entries("s")] == ids
-        ids += await _chain(store, "s", 1, ids[-1])
-        assert counter.watching == 1
-    finally:
-        await store.close()
-    assert counter.watching == 0  # closing the connection took it off first
+    # Each append's reader is on the loop only while it waits: psycopg's own
+    # operations on the same connection (the store's loads, an application's
+    # query on the pool) wait on the socket in between, in any order.
+    ids = await _chain(store, "s", 12)
+    assert len(wires.made) == 1 and wires.reads >= 12 and not wires.on_loop
+    assert [e.id for e in await store.load_entries("s")] == ids
+    ids += await _chain(store, "s", 3, ids[-1])
+    async with store.pool.connection() as conn:
+        await conn.execute("SELECT 1")
+    ids += await _chain(store, "s", 2, ids[-1])
+    assert [e.id for e in await store.load_entries("s")] == ids
+    assert len(wires.made) == 1 and not wires.on_loop
+    assert store.pool.get_stats()["connections_num"] == 1
 
 
 async def test_s47_errors_on_the_wire_are_the_stores(
@@ -162,25 +157,21 @@ async def _backend_of(url: str, schema: str) -> int:
 
 
 async def test_s47_a_connection_the_server_ends_while_idle_is_let_go(
-    store: PostgresStore, pg_url: str, pg_schema: str, readers: Callable[[], Readers]
+    store: PostgresStore, pg_url: str, pg_schema: str, wires: Wires
 ) -> None:
-    counter = readers()
     ids = await _chain(store, "s", 3)
-    assert counter.watching == 1
     _sql(pg_url, "SELECT pg_terminate_backend(%s)", pg_schema,
          await _backend_of(pg_url, pg_schema))
-    for _ in range(100):  # the reader sees the socket close and steps aside
-        if not counter.watching:
-            break
-        await asyncio.sleep(0.01)
-    assert counter.watching == 0
     # The next append meets the dead connection: an unknown outcome, safe
     # to retry (S25); the one after runs on a new connection.
     entry = _entry("after", ids[-1])
     with pytest.raises(StoreUnavailable):
         await store.append_entries("s", [entry])
-    await store.append_entries("s", [entry])
-    assert [e.id for e in await store.load_entries("s")] == [*ids, entry.id]
+    assert not wires.on_loop
+    await store.append_entries("s", [entry])  # through psycopg, after probing the server
+    ids += [entry.id, *await _chain(store, "s", 2, entry.id)]  # on a new connection's wire
+    assert [e.id for e in await store.load_entries("s")] == ids
+    assert len(wires.made) == 2 and not wires.on_loop
 
 
 async def test_s47_a_cancelled_append_is_cancelled_at_the_server_on_its_connection(
@@ -201,9 +192,8 @@ async def test_s47_a_cancelled_append_is_cancelled_at_the_server_on_its_connecti
 
 
 async def test_s47_tasks_sharing_a_pool_append_on_the_wire(
-    pg_url: str, pg_schema: str, readers: Callable[[], Readers]
+    pg_url: str, pg_schema: str, wires: Wires
 ) -> None:
-    counter = readers()
     store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=3)
     try:
         for n in range(6):
@@ -211,19 +201,17 @@ async def test_s47_tasks_sharing_a_pool_append_on_the_wire(
         chains = await asyncio.gather(*(_chain(store, f"s{n}", 30) for n in range(6)))
         for n, ids in enumerate(chains):
             assert [e.id for e in await store.load_entries(f"s{n}")] == ids
-        assert 1 <= len(counter.wires) <= 3
+        assert 1 <= len(wires.made) <= 3 and not wires.on_loop
     finally:
         await store.close()
-    assert counter.watching == 0
 
 
 async def test_s47_through_pgbouncer_the_wire_names_no_statement(
-    pgbouncer_url: str, pg_schema: str, pg_url: str, readers: Callable[[], Readers]
+    pgbouncer_url: str, pg_schema: str, pg_url: str, wires: Wires
 ) -> None:
     # Transaction pooling hands each statement to any server connection: a
     # named statement would be missing on the next one. Many concurrent
     # appends over few server connections would meet that at once.
-    counter = readers()
     store = PostgresStore(pgbouncer_url, schema=pg_schema, prepare_threshold=None,
                           max_size=6)
     try:
@@ -232,13 +220,13 @@ async def test_s47_through_pgbouncer_the_wire_names_no_statement(
         chains = await asyncio.gather(*(_chain(store, f"s{n}", 25) for n in range(8)))
         for n, ids in enumerate(chains):
             assert [e.id for e in await store.load_entries(f"s{n}")] == ids
-        assert counter.wires and not any(w.prepared for w in counter.wires)
+        assert wires.made and not any(w.prepared for w in wires.made)
     finally:
         await store.close()
 
 
 async def test_s47_an_append_larger_than_the_socket_buffer_waits_to_send(
-    store: PostgresStore
+    store: PostgresStore, wires: Wires
 ) -> None:
     ids = await _chain(store, "s", 2)
     big, parent = [], ids[-1]
@@ -250,6 +238,7 @@ async def test_s47_an_append_larger_than_the_socket_buffer_waits_to_send(
     loaded = await store.load_entries("s")
     assert [e.id for e in loaded] == ids[:2] + [e.id for e in big] + ids[2:]
     assert loaded[5].message.text == "3" * (2 << 20)
+    assert wires.writes and not wires.on_loop
 
 
 async def test_s47_a_cancelled_append_whose_cancel_fails_closes_its_connection(
@@ -275,9 +264,8 @@ async def test_s47_a_cancelled_append_whose_cancel_fails_closes_its_connection(
 
 
 async def test_s47_appends_a_watcher_hears_of_notify_on_the_same_wire(
-    pg_url: str, pg_schema: str, readers: Callable[[], Readers]
+    pg_url: str, pg_schema: str, wires: Wires
 ) -> None:
-    counter = readers()
     watching = PostgresStore(pg_url, schema=pg_schema)
     store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1)
     try:
@@ -292,15 +280,17 @@ async def test_s47_appends_a_watcher_hears_of_notify_on_the_same_wire(
 
         watcher = asyncio.create_task(watch())
         for _ in range(500):  # until its LISTEN connection is up
-            if watching._listened_at > 0:
+            if watching._notifier.listened_at > 0:
                 break
             await asyncio.sleep(0.01)
         ids = await _chain(store, "s", 30)
         await asyncio.wait_for(watcher, 10)
         assert heard == ids
-        # Every append notified (someone listens), on the connection's one reader.
-        assert store._listened
-        assert (counter.added, len(counter.wires), counter.watching) == (1, 1, 1)
+        # Every append notified (someone listens), on the connection's wire,
+        # prepared there after prepare_threshold runs like the append.
+        assert store._notifier.listened
+        [wire] = wires.made
+        assert store._wire["notify"].name in wire.prepared
     finally:
         await store.close()
         await watching.close()
@@ -315,7 +305,7 @@ async def test_s47_an_append_cancelled_while_its_statement_is_prepared_is_never_
         await other.execute(sql.SQL("LOCK TABLE {}.entries IN ACCESS EXCLUSIVE MODE").format(
             sql.Identifier(pg_schema)))
         task = asyncio.create_task(store.append_entries("s", [_entry("cut", ids[-1])]))
-        await asyncio.sleep(0.3)
+        await blocked_by(pg_url, other.info.backend_pid)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -323,39 +313,3 @@ async def test_s47_an_append_cancelled_while_its_statement_is_prepared_is_never_
     ids += await _chain(store, "s", 3, ids[-1])
     assert [e.id for e in await store.load_entries("s")] == ids
     assert store.pool.get_stats()["connections_num"] == 1
-
-
-async def test_s47_a_pool_without_the_state_the_quick_checkout_reads_uses_its_own_way(
-    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The quick checkout reads psycopg_pool's private state; a release that
-    # renamed any of it must cost speed, never an append.
-    from threadline.session import _postgres
-
-    taken: list[object] = []
-    real_take = _postgres._take
-
-    def counted(pool: Any) -> Any:
-        taken.append(pool)
-        return real_take(pool)
-
-    monkeypatch.setattr(_postgres, "_take", counted)
-    monkeypatch.setattr(_postgres, "_POOL_STATE", (*_postgres._POOL_STATE, "_renamed_since"))
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
-    try:
-        await store.create_session(SessionRecord(id="s"))
-        first = _entry("one")
-        await store.append_entries("s", [first])
-        await store.append_entries("s", [_entry("two", first.id)])
-        assert [e.message.text for e in await store.load_entries("s")] == ["one", "two"]
-        assert taken == []
-    finally:
-        await store.close()
-    monkeypatch.setattr(_postgres, "_POOL_STATE", _postgres._POOL_STATE[:-1])
-    store = PostgresStore(pg_url, schema=pg_schema, min_size=1, max_size=1, timeout=5)
-    try:
-        for text in ("three", "four"):
-            await store.append_entries("s", [_entry(text)])
-        assert taken  # the same pool, with the state there, takes the quick way
-    finally:
-        await store.close()

@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-import test_store_postgres
-from pgbouncer import PgBouncer
+from support.pgbouncer import PgBouncer
+from support.postgres import check_processes_keep_one_order
 from threadline.ai._messages import UserMessage
-from threadline.errors import StoreUnavailable
-from threadline.session import MessageEntry, PostgresStore, SessionRecord, Store
+from threadline.errors import SessionNotFound, StoreUnavailable
+from threadline.session import MessageEntry, SessionRecord
+from threadline.stores import PostgresStore, Store
 from threadline.testing import StoreConformance
 from threadline.testing._conformance import StoreOpener
 
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 
 class TestPostgresStoreThroughPgBouncer(StoreConformance):
+    capabilities = frozenset({"catalog", "linear", "watch", "multi_process"})
+
     @pytest.fixture(autouse=True)
     def _schema(self, pgbouncer_url: str, pg_schema: str, pg_url: str) -> Iterator[None]:
         self.url, self.pg_schema, self.pg_url = pgbouncer_url, pg_schema, pg_url
@@ -56,7 +59,7 @@ class TestPostgresStoreThroughPgBouncer(StoreConformance):
 async def test_s4_processes_through_pgbouncer_keep_one_order(
     pgbouncer_url: str, pg_schema: str, pg_url: str
 ) -> None:
-    await test_store_postgres.check_processes_keep_one_order(
+    await check_processes_keep_one_order(
         pgbouncer_url, pg_url, pg_schema, prepare_threshold=None)
 
 
@@ -78,6 +81,8 @@ async def test_pgbouncer_sees_no_prepared_statement_errors(
 
 
 class TestPostgresStoreThroughPgBouncerKeepingStatements(StoreConformance):
+    capabilities = frozenset({"catalog", "linear", "watch", "multi_process"})
+
     @pytest.fixture(autouse=True)
     def _schema(self, pgbouncer_prepared: PgBouncer, pg_schema: str,
                 pg_url: str) -> Iterator[None]:
@@ -144,7 +149,7 @@ async def _every_statement_prepared(bouncer: PgBouncer, schema: str,
 async def test_s49_processes_through_pgbouncer_keeping_statements_keep_one_order(
     pgbouncer_prepared: PgBouncer, pg_schema: str, pg_url: str
 ) -> None:
-    await test_store_postgres.check_processes_keep_one_order(
+    await check_processes_keep_one_order(
         pgbouncer_prepared.url, pg_url, pg_schema, prepare_threshold=0)
 
 
@@ -183,3 +188,25 @@ async def test_s49_server_connections_lost_under_pgbouncer_come_back_prepared(
     after = _servers(pgbouncer_prepared)
     assert not before & {server["remote_pid"] for server in after}
     assert all(server["prepared_statements"] > 0 for server in after)
+
+
+@pytest.mark.parametrize("tenant", [None, "acme"])
+async def test_s49_appends_after_a_rolled_back_call_still_name_known_statements(
+    pgbouncer_prepared: PgBouncer, pg_schema: str, tenant: str | None
+) -> None:
+    """A call that rolls back (deleting a session that is not there) makes psycopg
+    send DEALLOCATE ALL, which PgBouncer 1.22+ applies to the client's statements:
+    the wire's prepared appends must be prepared again, not named (PgBouncer
+    would end the connection)."""
+    async with PostgresStore(pgbouncer_prepared.url, schema=pg_schema, max_size=1,
+                             tenant=tenant, trusted=True) as store:
+        await store.create_session(SessionRecord(id="s"))
+        for _ in range(8):
+            for n in range(8):  # past the prepare threshold: the wire prepares its statements
+                await store.append_entries("s", [MessageEntry(message=UserMessage.of(f"{n}"))])
+            for _ in range(6):  # prepared by psycopg after 5 (a ROLLBACK resets its counts)
+                await store.load_session("s")
+            with pytest.raises(SessionNotFound):
+                await store.delete_session("missing")
+        assert len(await store.load_entries("s")) == 64
+        assert store.pool.get_stats().get("connections_lost", 0) == 0

@@ -11,6 +11,16 @@ from typing import Any
 
 import pytest
 
+from support.providers import (
+    ANTHROPIC_TOOL_TURN,
+    anthropic_text_turn,
+    block_start,
+    delta,
+    message_end,
+    message_start,
+    stop,
+)
+from support.wire_server import HANG, Reply, WireServer, json_reply, sse_named, sse_reply
 from threadline.ai import (
     AssistantMessage,
     DoneEvent,
@@ -36,7 +46,6 @@ from threadline.errors import (
     RateLimitError,
     TransientProviderError,
 )
-from wire_server import HANG, Reply, WireServer, json_reply, sse_named, sse_reply
 
 INFO = ModelInfo(provider="anthropic", id="claude-test", images=True, reasoning=True,
                  max_output_tokens=4096)
@@ -75,66 +84,9 @@ def final(events: list[StreamEvent]) -> AssistantMessage:
     return last.message
 
 
-def message_start(usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"type": "message_start", "message": {
-        "id": "msg_1", "type": "message", "role": "assistant", "content": [],
-        "model": "claude-test", "stop_reason": None, "stop_sequence": None,
-        "usage": usage or {"input_tokens": 12, "output_tokens": 1,
-                           "cache_read_input_tokens": 300, "cache_creation_input_tokens": 40}}}
-
-
-def block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "content_block_start", "index": index, "content_block": block}
-
-
-def delta(index: int, d: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "content_block_delta", "index": index, "delta": d}
-
-
-def stop(index: int) -> dict[str, Any]:
-    return {"type": "content_block_stop", "index": index}
-
-
-def message_end(reason: str, output_tokens: int = 50) -> list[dict[str, Any]]:
-    return [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
-             "usage": {"output_tokens": output_tokens}},
-            {"type": "message_stop"}]
-
-
-def text_turn(text: str) -> Reply:
-    return sse_reply(sse_named([
-        message_start(), block_start(0, {"type": "text", "text": ""}),
-        delta(0, {"type": "text_delta", "text": text}), stop(0), *message_end("end_turn")]))
-
-
-TOOL_TURN = sse_named([
-    message_start(),
-    {"type": "ping"},
-    block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
-    delta(0, {"type": "thinking_delta", "thinking": "Two cities, "}),
-    delta(0, {"type": "thinking_delta", "thinking": "two calls."}),
-    delta(0, {"type": "signature_delta", "signature": "EqQBCkYIARgC"}),
-    stop(0),
-    block_start(1, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}),
-    stop(1),
-    block_start(2, {"type": "text", "text": ""}),
-    delta(2, {"type": "text_delta", "text": "Checking both."}),
-    stop(2),
-    block_start(3, {"type": "tool_use", "id": "toolu_01A", "name": "weather", "input": {}}),
-    delta(3, {"type": "input_json_delta", "partial_json": ""}),
-    delta(3, {"type": "input_json_delta", "partial_json": '{"city": "Pa'}),
-    delta(3, {"type": "input_json_delta", "partial_json": 'ris"}'}),
-    stop(3),
-    block_start(4, {"type": "tool_use", "id": "toolu_01B", "name": "weather", "input": {}}),
-    delta(4, {"type": "input_json_delta", "partial_json": '{"city": "Oslo"}'}),
-    stop(4),
-    *message_end("tool_use", 88),
-])
-
-
 async def test_plain_text_usage_and_request() -> None:
     async with WireServer() as srv:
-        srv.reply(text_turn("Hello!"))
+        srv.reply(anthropic_text_turn("Hello!"))
         events = await collect(claude(srv), HELLO, StreamOptions(temperature=0.3))
     assert kinds(events) == ["start", "text_start", "text_delta", "text_end", "done"]
     msg = final(events)
@@ -162,7 +114,7 @@ async def test_plain_text_usage_and_request() -> None:
 
 async def test_thinking_signatures_and_parallel_tool_use_round_trip() -> None:
     async with WireServer() as srv:
-        srv.reply(sse_reply(TOOL_TURN))
+        srv.reply(sse_reply(ANTHROPIC_TOOL_TURN))
         model = claude(srv)
         events = await collect(model, Request(messages=HELLO.messages, tools=(WEATHER,)),
                                StreamOptions(reasoning_effort="low", temperature=0.5))
@@ -193,7 +145,7 @@ async def test_thinking_signatures_and_parallel_tool_use_round_trip() -> None:
 
         results = [ToolResultMessage(tool_call_id=c.id, tool_name=c.name,
                                      content=(TextPart(text="sunny"),)) for c in msg.tool_calls]
-        srv.reply(text_turn("Both sunny."))
+        srv.reply(anthropic_text_turn("Both sunny."))
         second = final(await collect(model, Request(messages=(*HELLO.messages, msg, *results))))
         assert second.text == "Both sunny."
     sent = srv.received[1].body["messages"]

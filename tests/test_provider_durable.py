@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from test_provider_anthropic import TOOL_TURN as ANTHROPIC_TOOL_TURN
-from test_provider_anthropic import text_turn as anthropic_text
-from test_provider_openai import TOOL_TURN as RESPONSES_TOOL_TURN
-from test_provider_openai import chunk, ev, response_obj
+from support.providers import ANTHROPIC_TOOL_TURN, RESPONSES_TOOL_TURN, chunk, ev, response_obj
+from support.providers import anthropic_text_turn as anthropic_text
+from support.wire_server import Reply, WireServer, sse_data, sse_reply
 from threadline import durable
 from threadline.ai import (
     AssistantMessage,
@@ -30,8 +29,7 @@ from threadline.ai import (
 )
 from threadline.ai.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from threadline.durable import StoredMessageEnd
-from threadline.session import FileStore
-from wire_server import Reply, WireServer, sse_data, sse_reply
+from threadline.stores import FileStore
 
 
 @tool

@@ -24,6 +24,16 @@ import httpx2
 import openai
 import pytest
 
+from support.wire_server import (
+    CUT,
+    HANG,
+    Reply,
+    WireServer,
+    json_reply,
+    sse_data,
+    sse_named,
+    sse_reply,
+)
 from threadline.agent import AgentEnd, AgentLoop
 from threadline.ai import (
     DoneEvent,
@@ -36,7 +46,6 @@ from threadline.ai import (
 from threadline.ai.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from threadline.ai.providers._common import Builder, SDKModel, StreamState
 from threadline.errors import ModelError, TransientProviderError
-from wire_server import CUT, HANG, Reply, WireServer, json_reply, sse_data, sse_named, sse_reply
 
 HELLO = Request(messages=(UserMessage.of("hi"),))
 

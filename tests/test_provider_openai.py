@@ -12,6 +12,15 @@ from typing import Any
 
 import pytest
 
+from support.providers import (
+    R_USAGE,
+    REASONING_ITEM,
+    RESPONSES_TOOL_TURN,
+    chunk,
+    ev,
+    response_obj,
+)
+from support.wire_server import HANG, Reply, WireServer, json_reply, sse_data, sse_reply
 from threadline.ai import (
     AssistantMessage,
     DoneEvent,
@@ -39,7 +48,6 @@ from threadline.errors import (
     RateLimitError,
     TransientProviderError,
 )
-from wire_server import HANG, Reply, WireServer, json_reply, sse_data, sse_reply
 
 INFO = ModelInfo(provider="openai", id="gpt-test", images=True)
 WEATHER = ToolSpec("weather", "Weather for a city", {
@@ -62,18 +70,6 @@ def chat(server: WireServer, info: ModelInfo = INFO, retries: int = 0) -> OpenAI
                             max_retries=retries)
     _models.append(model)
     return model
-
-
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None,
-          usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    c: dict[str, Any] = {
-        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-test",
-        "choices": [] if delta is None else [
-            {"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    if usage is not None:
-        c["usage"] = usage
-    return c
 
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120,
@@ -449,56 +445,9 @@ def responses(server: WireServer, info: ModelInfo | None = None) -> OpenAIRespon
     return model
 
 
-def response_obj(status: str = "completed", output: list[Any] | None = None,
-                 usage: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "created_at": 1, "model": "o-test",
-            "status": status, "output": output or [], "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [], "usage": usage, **extra}
-
-
-REASONING_ITEM = {"id": "rs_1", "type": "reasoning", "encrypted_content": "ENC==",
-                  "summary": [{"type": "summary_text", "text": "Two cities."}]}
-R_USAGE = {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 20,
-                                                        "cache_write_tokens": 0},
-           "output_tokens": 30, "output_tokens_details": {"reasoning_tokens": 12},
-           "total_tokens": 80}
-
-
-def ev(type_: str, seq: int, **fields: Any) -> dict[str, Any]:
-    return {"type": type_, "sequence_number": seq, **fields}
-
-
-def call_item(n: int, args: str = "") -> dict[str, Any]:
-    return {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
-            "name": "weather", "arguments": args, "status": "in_progress"}
-
-
-TOOL_TURN = [
-    ev("response.created", 0, response=response_obj("in_progress")),
-    ev("response.output_item.added", 1, output_index=0,
-       item={**REASONING_ITEM, "summary": [], "encrypted_content": None}),
-    ev("response.reasoning_summary_text.delta", 2, item_id="rs_1", output_index=0,
-       summary_index=0, delta="Two "),
-    ev("response.reasoning_summary_text.delta", 3, item_id="rs_1", output_index=0,
-       summary_index=0, delta="cities."),
-    ev("response.output_item.done", 4, output_index=0, item=REASONING_ITEM),
-    ev("response.output_item.added", 5, output_index=1, item=call_item(1)),
-    ev("response.function_call_arguments.delta", 6, item_id="fc_1", output_index=1,
-       delta='{"city":'),
-    ev("response.function_call_arguments.delta", 7, item_id="fc_1", output_index=1,
-       delta='"Paris"}'),
-    ev("response.output_item.done", 8, output_index=1, item=call_item(1, '{"city":"Paris"}')),
-    ev("response.output_item.added", 9, output_index=2, item=call_item(2)),
-    ev("response.function_call_arguments.delta", 10, item_id="fc_2", output_index=2,
-       delta='{"city":"Oslo"}'),
-    ev("response.output_item.done", 11, output_index=2, item=call_item(2, '{"city":"Oslo"}')),
-    ev("response.completed", 12, response=response_obj(usage=R_USAGE)),
-]
-
-
 async def test_responses_reasoning_and_parallel_calls_round_trip() -> None:
     async with WireServer() as srv:
-        srv.reply(sse_reply(sse_data(TOOL_TURN, done=False)))
+        srv.reply(sse_reply(sse_data(RESPONSES_TOOL_TURN, done=False)))
         model = responses(srv)
         events = await collect(model, Request(messages=HELLO.messages, system="sys",
                                               tools=(WEATHER,)))
@@ -597,7 +546,7 @@ async def test_responses_errors_in_stream_are_typed(event: dict[str, Any],
 
 async def test_responses_truncated_stream_is_an_error() -> None:
     async with WireServer() as srv:
-        srv.reply(sse_reply(sse_data(TOOL_TURN[:7], done=False)))
+        srv.reply(sse_reply(sse_data(RESPONSES_TOOL_TURN[:7], done=False)))
         last = (await collect(responses(srv)))[-1]
     assert isinstance(last, ErrorEvent)
     assert isinstance(last.error, TransientProviderError)
@@ -609,7 +558,7 @@ async def test_responses_truncated_stream_is_an_error() -> None:
 async def test_responses_abort_mid_stream() -> None:
     abort = asyncio.Event()
     async with WireServer() as srv:
-        srv.reply(sse_reply([*sse_data(TOOL_TURN[:3], done=False), HANG]))
+        srv.reply(sse_reply([*sse_data(RESPONSES_TOOL_TURN[:3], done=False), HANG]))
         events = []
         async for e in responses(srv).stream(HELLO, StreamOptions(abort=abort)):
             events.append(e)

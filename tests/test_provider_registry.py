@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from support.wire_server import WireServer, sse_data, sse_reply
 from threadline.ai import DoneEvent, Request, UserMessage, get_model
 from threadline.ai.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from threadline.errors import ConfigError
-from wire_server import WireServer, sse_data, sse_reply
 
 KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY", "OLLAMA_API_KEY",
         "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "OLLAMA_BASE_URL")

@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from wire_server import WireServer, sse_data, sse_reply
+from support.wire_server import WireServer, sse_data, sse_reply
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BASE = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4.1-mini"}

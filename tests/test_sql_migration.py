@@ -23,10 +23,11 @@ import pytest
 from psycopg import sql
 
 from threadline.ai._messages import AssistantMessage, TextPart, UserMessage
-from threadline.session import MessageEntry, PostgresStore, SessionRecord, SQLiteStore, new_id
+from threadline.session import MessageEntry, SessionRecord, new_id
 from threadline.session._codec import encode_entry
-from threadline.session._postgres import MIGRATIONS as PG_MIGRATIONS
-from threadline.session._sqlite import MIGRATIONS as SQLITE_MIGRATIONS
+from threadline.stores import PostgresStore, SQLiteStore
+from threadline.stores.postgres._schema import MIGRATIONS as PG_MIGRATIONS
+from threadline.stores.sqlite._schema import MIGRATIONS as SQLITE_MIGRATIONS
 
 
 def _old_lines() -> list[tuple[str, str | None, str, bytes]]:
@@ -102,7 +103,8 @@ async def test_s38_sqlite_version_1_file_upgrades_in_place_with_processes_at_onc
     assert loaded == [lines] * 4
     with sqlite3.connect(path) as conn:
         assert [v for (v,) in conn.execute("SELECT version FROM schema_migrations "
-                                           "ORDER BY version")] == [1, 2]
+                                           "ORDER BY version")] == [
+            version for version, _ in SQLITE_MIGRATIONS]
         kinds = [k for (k,) in conn.execute("SELECT kind FROM entries e JOIN sessions s "
                                             "ON s.key = e.session WHERE s.id = 'old' "
                                             "ORDER BY e.seq")]

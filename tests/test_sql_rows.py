@@ -22,14 +22,12 @@ from threadline.session import (
     CustomMessageEntry,
     Entry,
     MessageEntry,
-    PostgresStore,
     SessionRecord,
-    SQLiteStore,
-    _rows,
     new_id,
 )
 from threadline.session._codec import _line, decode_entry, encode_entry, stored_form
-from threadline.session._rows import (
+from threadline.stores import PostgresStore, SQLiteStore, _rows
+from threadline.stores._rows import (
     KINDS,
     compact,
     decode_compact,
@@ -44,7 +42,7 @@ ODD_IDS = ["e1", "x" * 15, "y" * 16, "z" * 14, "01A23141-0157-7019-BE70-6DDC5098
            "01a23141015770 19be706ddc5098b7bd"]
 
 
-@pytest.mark.parametrize("entry_id", [new_id(), *ODD_IDS])
+@pytest.mark.parametrize("entry_id", [new_id(), *ODD_IDS], ids=["uuid7", *map(repr, ODD_IDS)])
 def test_s37_every_id_round_trips_and_no_two_share_a_key(entry_id: str) -> None:
     assert id_text(id_key(entry_id)) == entry_id
     keys = {id_key(i) for i in [new_id(), *ODD_IDS]}

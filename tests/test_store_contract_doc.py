@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 
 from threadline.errors import SessionExists, SessionNotFound
-from threadline.session import CatalogStore, SessionRecord, Store
+from threadline.session import SessionRecord
+from threadline.stores import CatalogStore, Store
 from threadline.testing import StoreConformance
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "writing-a-store.md"

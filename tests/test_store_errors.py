@@ -16,7 +16,8 @@ import pytest
 from psycopg import sql
 
 from threadline.errors import CorruptLog, StoreError
-from threadline.session import PostgresStore, SessionRecord, SQLiteStore
+from threadline.session import SessionRecord
+from threadline.stores import PostgresStore, SQLiteStore
 
 
 def _free_port() -> int:

@@ -15,9 +15,9 @@ import pytest
 
 from threadline.ai._messages import UserMessage
 from threadline.errors import CorruptLog, StoreError
-from threadline.session import FileStore, MessageEntry, SessionRecord
-from threadline.session import _file as file_module
-from threadline.stores import copy_sessions
+from threadline.session import MessageEntry, SessionRecord
+from threadline.stores import FileStore, copy_sessions
+from threadline.stores.file import _catalog as file_module
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from threadline.cli import main; main()"]
@@ -168,7 +168,7 @@ async def test_s17_header_reads_are_bounded(tmp_path: Path) -> None:
 
 
 async def test_s17_failed_torn_tail_repair_leaves_no_torn_file_behind(
-    threaded_appends: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
     await store.create_session(SessionRecord(id="s"))
@@ -261,7 +261,7 @@ def test_s18_bad_files_are_reported_by_name_and_hide_nothing(tmp_path: Path) -> 
     assert "hello.jsonl" not in listed.stdout
     checked = _cli("--store", str(tmp_path), "check")
     assert checked.returncode == 1  # the bad files are problems
-    assert all(f"{r.id}: 1 entries" in checked.stdout for r in good)
+    assert all(f"{r.id}: 1 entry" in checked.stdout for r in good)
     assert "empty.jsonl" in checked.stdout.replace("\n", "")
 
 

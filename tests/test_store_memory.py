@@ -8,7 +8,8 @@ import pytest
 
 from threadline.ai._messages import ToolResultMessage, UserMessage
 from threadline.errors import DurabilityError, StoreError
-from threadline.session import MemoryStore, MessageEntry, SessionRecord, Store
+from threadline.session import MessageEntry, SessionRecord
+from threadline.stores import MemoryStore, Store
 from threadline.testing import FaultyStore, StoreConformance
 
 
@@ -17,6 +18,7 @@ def _msg(text: str) -> MessageEntry:
 
 
 class TestMemoryStore(StoreConformance):
+    capabilities = frozenset({"catalog", "linear", "watch", "search"})
     shared_instances = False
 
     async def make_store(self, tmp_path: Path) -> Store:

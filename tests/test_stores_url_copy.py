@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from support.stores import BareStore
 from threadline.ai._messages import UserMessage
 from threadline.errors import ConfigError, CopyConflict, StoreError
-from threadline.session import (
+from threadline.session import Entry, MessageEntry, SessionRecord, encode_entry
+from threadline.stores import (
     CatalogStore,
-    Entry,
+    CopyProgress,
     FileStore,
     MemoryStore,
-    MessageEntry,
     PostgresStore,
-    SessionRecord,
     SQLiteStore,
-    encode_entry,
+    copy_sessions,
+    open_store,
 )
-from threadline.stores import CopyProgress, copy_sessions, open_store
 from threadline.testing import FaultyStore, sample_entries
 
 # -- open_store -----------------------------------------------------------------
@@ -247,36 +247,20 @@ async def test_copy_refuses_a_destination_that_differs(tmp_path: Path) -> None:
     assert list(await other_parent.load_entries("fork")) == []
 
 
-class _BareStore:
-    """Only the three methods of the Store protocol."""
-
-    def __init__(self, inner: MemoryStore) -> None:
-        self.inner = inner
-
-    async def create_session(self, record: SessionRecord) -> None:
-        await self.inner.create_session(record)
-
-    async def load_entries(self, session_id: str) -> list[Entry]:
-        return await self.inner.load_entries(session_id)
-
-    async def append_entries(self, session_id: str, entries: Sequence[Entry]) -> None:
-        await self.inner.append_entries(session_id, entries)
-
-
 async def test_copy_needs_what_it_cannot_do_without() -> None:
     src = MemoryStore()
     expected = await _fill(src)
     with pytest.raises(ConfigError, match="load_session"):
-        await copy_sessions(_BareStore(src), MemoryStore(), ["main"])
+        await copy_sessions(BareStore(src), MemoryStore(), ["main"])
     # A bare destination is fine: its entries are still compared.
-    bare_dst = _BareStore(MemoryStore())
+    bare_dst = BareStore(MemoryStore())
     await copy_sessions(src, bare_dst, ["main", "main"])
     assert [encode_entry(e) for e in await bare_dst.load_entries("main")] == [
         encode_entry(e) for e in expected["main"]]
     assert (await bare_dst.inner.load_session("main")).created_at == CREATED
 
 
-class _NoListStore(_BareStore):
+class _NoListStore(BareStore):
     async def load_session(self, session_id: str) -> SessionRecord:
         return await self.inner.load_session(session_id)
 

@@ -47,7 +47,8 @@ from threadline.ai._messages import (
 from threadline.ai._model import TextDelta
 from threadline.durable import RunStarted, StoredMessageEnd
 from threadline.errors import SubprocessError
-from threadline.session import FileStore, MessageEntry
+from threadline.session import MessageEntry
+from threadline.stores import FileStore
 from threadline.testing import assert_event_order, assert_valid_for_providers
 
 ECHO_AGENT = Path(__file__).resolve().parent.parent / "examples" / "echo_agent.py"
@@ -685,7 +686,7 @@ async def test_s12_kill_9_of_the_child_mid_tool_leaves_an_interrupted_result(
 HOST = r"""
 import asyncio, sys
 from threadline import durable
-from threadline.session import FileStore
+from threadline.stores import FileStore
 
 async def main():
     factory = durable.subprocess([sys.executable, sys.argv[2]], grace=0.2)

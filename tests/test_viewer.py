@@ -25,77 +25,43 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 
-from threadline.ai import AssistantMessage, TextPart, ToolCall, ToolResultMessage, UserMessage
-from threadline.session import (
-    Entry,
-    FileStore,
-    MemoryStore,
-    MessageEntry,
-    SessionRecord,
-    TreeIndex,
-)
-from threadline.viewer import render_html, serve
-from threadline.viewer._server import CSP
-from viewer_data import (
+from support.viewer import (
     CHAT,
     FORK,
     HOSTILE,
     PAYLOADS,
+    Page,
     append_from_child,
+    assert_nothing_ran,
+    browser,
     build_chat,
     build_hostile,
+    http_get,
     in_thread,
+    page,
     start_server,
     stop,
 )
+from threadline.ai import AssistantMessage, TextPart, ToolCall, ToolResultMessage, UserMessage
+from threadline.session import Entry, MessageEntry, SessionRecord, TreeIndex
+from threadline.stores import FileStore, MemoryStore
+from threadline.viewer import render_html, serve
+from threadline.viewer._server import CSP
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+__all__ = ["browser", "page"]  # the fixtures, imported for these tests
+
 # The picture in docs/viewer.md. CI writes it as an artifact; elsewhere set
 # THREADLINE_SCREENSHOT=1 to refresh it (a plain test run leaves docs alone).
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "viewer.png"
 
-DETECTOR = """
-window.__pwned = 0;
-window.__csp = [];
-window.alert = window.confirm = window.prompt = () => { window.__pwned = 2; };
-document.addEventListener("securitypolicyviolation",
-  (e) => window.__csp.push(e.violatedDirective + " " + e.blockedURI));
-"""
-
 
 # --- helpers -------------------------------------------------------------------
-
-
-class _Page(HTMLParser):
-    """Every tag with its attributes, and the text, as a browser's parser sees them."""
-
-    def __init__(self, doc: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.text: list[str] = []
-        self.styles: list[str] = []
-        self._in_style = False
-        self.feed(doc)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-        self._in_style = tag == "style"
-
-    def handle_endtag(self, tag: str) -> None:
-        self._in_style = False
-
-    def handle_data(self, data: str) -> None:
-        (self.styles if self._in_style else self.text).append(data)
 
 
 def _visible(text: str) -> str:
@@ -104,8 +70,8 @@ def _visible(text: str) -> str:
                    for c in text)
 
 
-def _assert_inert(doc: str) -> _Page:
-    page = _Page(doc)
+def _assert_inert(doc: str) -> Page:
+    page = Page(doc)
     for tag, attrs in page.tags:
         assert tag not in {"iframe", "object", "embed", "base", "svg", "math", "form",
                            "textarea", "body", "meta"} or (tag, attrs.get("http-equiv")) in {
@@ -118,26 +84,13 @@ def _assert_inert(doc: str) -> _Page:
             if name in ("href", "src", "action"):
                 assert value is not None
                 ok = (value.startswith(("#", "/session?id=", "/?", "/static/viewer."))
-                      or value in ("/", "/session", "data:,")
+                      or value in ("/", "/session", "/search", "data:,")
                       or value.startswith(("data:image/png;base64,",)))
                 assert ok, (tag, name, value)
     text = "".join(page.text)
     for payload in PAYLOADS:
         assert _visible(payload).strip() in text or payload.strip() in text, payload
     return page
-
-
-def _get(url: str, path: str, *, method: str = "GET",
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    try:
-        conn.request(method, path, headers=headers or {})
-        resp = conn.getresponse()
-        body = b"" if path.startswith("/events") and resp.status == 200 else resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
-    finally:
-        conn.close()
 
 
 def _events(url: str, path: str, count: int,
@@ -246,7 +199,7 @@ def test_s29_tool_results_pair_with_the_call_on_their_own_branch() -> None:
 
 def test_s29_pending_interrupted_folded_and_unknown_kinds_are_shown(store_root: Path) -> None:
     entries = in_thread(_entries(store_root, CHAT))
-    doc = render_html(TreeIndex(entries, session_id=CHAT))
+    doc = render_html(TreeIndex(entries, session_id=CHAT), custom=True)
     assert 'class="tool interrupted"' in doc and 'class="tool ok"' in doc
     assert doc.count("in summary</span>") == 4  # the first question and its tool round trip
     assert "custom · tool_ledger.approval" in doc and "agent-7" in doc
@@ -272,11 +225,11 @@ def test_s29_deep_and_cyclic_logs_render_without_recursion() -> None:
               for i in range(0, 20_000, 10)]
     cycle = [MessageEntry(id="x", parent_id="y", message=UserMessage.of("x")),
              MessageEntry(id="y", parent_id="x", message=UserMessage.of("y"))]
-    doc = render_html(TreeIndex(chain + cycle, session_id="deep"))
+    doc = render_html(TreeIndex(chain + cycle, session_id="deep"), per_page=None)
     # The tree shows all but the cycle; the model view shows the leaf's path,
     # which is the cycle (y was appended last).
     assert doc.count('<article class="entry') == 22_000 + 2
-    assert "2 entr(y/ies) form a cycle" in doc
+    assert "2 entries form a cycle" in doc
 
 
 def test_s29_export_html_needs_no_viewer_extra(store_root: Path) -> None:
@@ -306,7 +259,7 @@ def test_s29_every_response_sends_the_security_headers(server: str) -> None:
              f"/session?id={quote(HOSTILE, safe='')}"]
     statuses = []
     for path in paths:
-        status, headers, _ = _get(server, path)
+        status, headers, _ = http_get(server, path)
         statuses.append(status)
         assert headers["content-security-policy"] == CSP, path
         assert headers["x-content-type-options"] == "nosniff"
@@ -317,13 +270,13 @@ def test_s29_every_response_sends_the_security_headers(server: str) -> None:
 
 
 def test_s29_pages_escape_every_field(server: str) -> None:
-    status, _, body = _get(server, f"/session?id={quote(HOSTILE, safe='')}")
+    status, _, body = http_get(server, f"/session?id={quote(HOSTILE, safe='')}")
     assert status == 200
     _assert_inert(body.decode())
-    status, _, body = _get(server, "/?q=" + quote(HOSTILE, safe=""))
+    status, _, body = http_get(server, "/?q=" + quote(HOSTILE, safe=""))
     assert status == 200 and body.count(b'class="sid" href=') >= 2
-    _Page(body.decode())
-    status, _, body = _get(server, "/session?id=" + quote(PAYLOADS[0], safe=""))
+    Page(body.decode())
+    status, _, body = http_get(server, "/session?id=" + quote(PAYLOADS[0], safe=""))
     assert status == 404 and b"<script>" not in body and b"&lt;script&gt;" in body
 
 
@@ -331,7 +284,7 @@ def test_s29_the_viewer_is_read_only(server: str, store_root: Path) -> None:
     before = _tree_bytes(store_root)
     for path in ("/", f"/session?id={CHAT}", f"/events?id={CHAT}", "/static/viewer.js"):
         for method in ("POST", "PUT", "DELETE", "PATCH"):
-            status, headers, _ = _get(server, path, method=method)
+            status, headers, _ = http_get(server, path, method=method)
             assert status == 405, (method, path)
             assert headers["content-security-policy"] == CSP
     assert _tree_bytes(store_root) == before
@@ -347,21 +300,21 @@ def test_s29_session_ids_cannot_reach_files_outside_the_store(server: str,
     for sid in ("../outside", "..%2Foutside", str(store_root.parent / "outside"),
                 "../outside.jsonl", "..\\outside", "/etc/passwd", "../secret.txt",
                 "%00", "....//outside"):
-        status, _, body = _get(server, "/session?id=" + quote(sid, safe=""))
+        status, _, body = http_get(server, "/session?id=" + quote(sid, safe=""))
         assert status in (400, 404), sid
         assert b"My order #4711" not in body and b"TOP-SECRET" not in body
     for path in ("/static/../secret.txt", "/static/%2e%2e/secret.txt", "/../secret.txt",
                  "/static/viewer.js/../../secret.txt", "/static/"):
-        status, _, body = _get(server, path)
+        status, _, body = http_get(server, path)
         assert status == 404, path
         assert b"TOP-SECRET" not in body
 
 
 def test_s29_a_foreign_host_header_is_refused(server: str) -> None:
     port = urlsplit(server).port
-    assert _get(server, "/", headers={"Host": "evil.example"})[0] == 400
-    assert _get(server, "/", headers={"Host": f"attacker.test:{port}"})[0] == 400
-    assert _get(server, "/", headers={"Host": f"localhost:{port}"})[0] == 200
+    assert http_get(server, "/", headers={"Host": "evil.example"})[0] == 400
+    assert http_get(server, "/", headers={"Host": f"attacker.test:{port}"})[0] == 400
+    assert http_get(server, "/", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
 def test_s29_it_listens_on_loopback_only_by_default(server: str) -> None:
@@ -550,15 +503,15 @@ def test_s29_a_store_with_only_the_contract_is_browsed_and_never_written() -> No
         server.call(_two_entries(store))
         store.frozen = True
         store.calls.clear()
-        status, _, body = _get(server.url, "/")
+        status, _, body = http_get(server.url, "/")
         assert status == 200 and b"cannot list its sessions" in body
-        status, _, body = _get(server.url, "/session?id=w")
+        status, _, body = http_get(server.url, "/session?id=w")
         assert status == 200 and body.count(b'<article class="entry') == 4
-        assert _get(server.url, "/session?id=nope")[0] == 404
+        assert http_get(server.url, "/session?id=nope")[0] == 404
         got = _events(server.url, "/events?id=w&after=m1", 1)
         assert got[0]["id"] == "m2"
         for method in ("POST", "PUT", "DELETE"):
-            assert _get(server.url, "/session?id=w", method=method)[0] == 405
+            assert http_get(server.url, "/session?id=w", method=method)[0] == 405
     assert set(store.calls) == {"load_entries"}
 
 
@@ -578,18 +531,18 @@ def test_s29_the_list_pages_newest_first_and_filters_by_id(tmp_path: Path) -> No
     proc, url = start_server(tmp_path)
     try:
         def ids(body: bytes) -> list[str]:
-            page = _Page(body.decode())
+            page = Page(body.decode())
             return [unquote(a["href"].removeprefix("/session?id="))  # type: ignore[union-attr]
                     for t, a in page.tags if t == "a" and a.get("class") == "sid"]
 
         def next_link(body: bytes) -> str | None:
-            page = _Page(body.decode())
+            page = Page(body.decode())
             return next((a["href"] for t, a in page.tags if a.get("rel") == "next"), None)
 
         seen: list[str] = []
         path: str | None = "/?limit=3"
         while path is not None:
-            status, _, body = _get(url, path)
+            status, _, body = http_get(url, path)
             assert status == 200
             seen += ids(body)
             path = next_link(body)
@@ -597,11 +550,11 @@ def test_s29_the_list_pages_newest_first_and_filters_by_id(tmp_path: Path) -> No
         seen = []
         path = "/?limit=2&q=even"
         while path is not None:
-            status, _, body = _get(url, path)
+            status, _, body = http_get(url, path)
             seen += ids(body)
             path = next_link(body)
         assert seen == ["even-6", "even-4", "even-2", "even-0"]
-        assert b"no sessions match" in _get(url, "/?q=nothing")[2]
+        assert b"no sessions match" in http_get(url, "/?q=nothing")[2]
     finally:
         stop(proc)
 
@@ -619,67 +572,6 @@ def test_s29_serve_refuses_a_port_in_use(store_root: Path) -> None:
 
 
 # --- in a real browser --------------------------------------------------------------
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason}; CI installs it (.ci/run)")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        _unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is missing (pip install -e '.[dev]')")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    p = context.new_page()
-    p.add_init_script(DETECTOR)
-    dialogs: list[str] = []
-    p.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    p.dialogs = dialogs
-    try:
-        yield p
-    finally:
-        context.close()
-
-
-def _assert_nothing_ran(page: Any) -> None:
-    assert page.evaluate("window.__pwned") == 0
-    assert page.dialogs == []
-    assert page.evaluate("window.__csp") == []
-    found = page.evaluate("""() => {
-      const bad = [];
-      for (const el of document.querySelectorAll("*")) {
-        for (const a of el.attributes) {
-          if (a.name.startsWith("on")) bad.push(el.tagName + " " + a.name);
-        }
-        const banned = ["IFRAME", "OBJECT", "EMBED", "BASE", "svg", "math"];
-        if (banned.includes(el.tagName)) bad.push(el.tagName);
-      }
-      for (const a of document.querySelectorAll("a[href]")) {
-        const own = a.href.startsWith(location.origin + "/") || a.href.startsWith("file:");
-        if (!own) bad.push(a.href);
-      }
-      for (const s of document.scripts) bad.push("script " + (s.src || s.text));
-      return bad;
-    }""")
-    allowed = [f"script {page.url.split('/session')[0].split('?')[0].rstrip('/')}"
-               "/static/viewer.js"]
-    assert [x for x in found if x not in allowed] == []
 
 
 def test_s29_the_detector_sees_a_script_that_runs(page: Any, tmp_path: Path) -> None:
@@ -726,8 +618,13 @@ def test_s29_browser_opens_the_list_and_navigates_branches_and_forks(
     # Compaction: stored entries folded into the summary, and the model's view.
     assert page.locator("#tree .entry.folded").count() == 4
     assert page.locator("#context").get_by_text("condensed into the summary").is_visible()
+    assert page.get_by_text("custom · tool_ledger.approval").count() == 0
+    page.get_by_role("link", name="show custom entries").click()
+    page.wait_for_selector("#live-state.on")
     assert page.get_by_text("custom · tool_ledger.approval").is_visible()
-    _assert_nothing_ran(page)
+    page.get_by_role("link", name="hide custom entries").click()
+    page.wait_for_selector("#live-state.on")
+    assert_nothing_ran(page)
     page.locator("details.branch:not(.active) summary").click()  # close it again
     # Only on request: the suite never writes into the checkout by itself.
     keep = os.environ.get("THREADLINE_SCREENSHOT", "").lower() in ("1", "true")
@@ -743,10 +640,10 @@ def test_s29_browser_opens_the_list_and_navigates_branches_and_forks(
     page.wait_for_url(f"**/session?id={CHAT}")
     page.go_back()
     page.get_by_role("link", name="threadline").click()
-    page.fill("input[name=q]", "retry")
+    page.fill("form.filter input[name=q]", "retry")
     page.get_by_role("button", name="Filter").click()
     assert page.locator("table.sessions tbody tr").count() == 1
-    _assert_nothing_ran(page)
+    assert_nothing_ran(page)
 
 
 def test_s29_browser_shows_an_append_from_another_process_live(
@@ -767,7 +664,7 @@ def test_s29_browser_shows_an_append_from_another_process_live(
     append_from_child(store_root, CHAT, "and a second one")
     page.get_by_text("and a second one").first.wait_for()
     assert page.locator("#tree .entry").count() == before + 2
-    _assert_nothing_ran(page)
+    assert_nothing_ran(page)
 
 
 def test_s29_browser_resumes_the_stream_after_the_server_restarts(
@@ -800,13 +697,13 @@ def test_s29_browser_runs_no_script_from_a_hostile_transcript(page: Any, server:
     page.keyboard.press("Tab")
     text = page.locator("main").inner_text()
     assert PAYLOADS[0] in text and PAYLOADS[5] in text and "␛[2J" in text
-    _assert_nothing_ran(page)
+    assert_nothing_ran(page)
     page.goto(f"{server}?q={quote(HOSTILE, safe='')}")
     assert page.locator("table.sessions tbody tr").count() == 2
-    _assert_nothing_ran(page)
+    assert_nothing_ran(page)
     page.goto(f"{server}session?id={quote(PAYLOADS[1], safe='')}")  # not found, echoed
     assert PAYLOADS[1] in page.locator("main").inner_text()
-    _assert_nothing_ran(page)
+    assert_nothing_ran(page)
 
 
 def test_s29_browser_csp_blocks_an_inline_script(page: Any, server: str) -> None:

@@ -18,16 +18,27 @@ errors) are translated where they cross into threadline and chained with
     |   +-- DurabilityError          fsync/commit failed; the handle is poisoned
     |   +-- CopyConflict             copy_sessions found a different destination
     |   +-- StoreUnavailable         connection lost or refused; retrying is safe
+    |   +-- BlobNotFound             no blob under this key (names the session and entry when known)
+    |   +-- BlobTooLarge             a blob over the size limit; nothing was stored
+    |   +-- PrivacyError             the encryption layer or its keyring refused
+    |       +-- KeyUnavailable       no key (or the wrong one) for an entry; nothing changed
+    |       +-- MalformedEnvelope    one sealed entry cannot be opened; the others still read
+    |       +-- PlaintextEntry       an unencrypted entry where encryption is required
     +-- ModelError                   anything a LanguageModel reports
     |   +-- AuthenticationError
     |   +-- RateLimitError           .retry_after seconds when the provider says
     |   +-- ContextOverflowError
     |   +-- TransientProviderError   5xx, overloaded, connection reset
     +-- ToolError                    bad tool definition
+    +-- InvalidMessage               a message from a client (the web app) it cannot take
     +-- AgentError                   misuse of an agent
         +-- NoLoopError              run() on an agent opened with no factory
         +-- EntryNotFound            branch()/get() with an unknown entry id
         +-- SubprocessError          an external agent CLI misbehaved
+        +-- ApprovalError            approve/deny for a call not awaiting a decision
+        |   +-- DecisionConflict     another decision for that call was stored first
+        +-- RunActive                a session already has a run going (any process)
+        +-- BudgetExceeded           a model call would go over the session's budget
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ __all__ = [
     "AgentError",
     "ApprovalError",
     "AuthenticationError",
+    "BlobNotFound",
+    "BlobTooLarge",
+    "BudgetExceeded",
     "ConfigError",
     "ContextOverflowError",
     "CopyConflict",
@@ -46,10 +60,16 @@ __all__ = [
     "DurabilityError",
     "EntryNotFound",
     "InvalidEntry",
+    "InvalidMessage",
     "InvalidSessionId",
+    "KeyUnavailable",
+    "MalformedEnvelope",
     "ModelError",
     "NoLoopError",
+    "PlaintextEntry",
+    "PrivacyError",
     "RateLimitError",
+    "RunActive",
     "SessionExists",
     "SessionNotFound",
     "StoreError",
@@ -191,8 +211,86 @@ class StoreUnavailable(StoreError):
     """The store's server could not be reached, or the connection died mid-call.
 
     Whether a write in flight committed is unknown. Retrying the same call is
-    safe: a retried append is recognised as already stored (S25), a retried
+    safe: a retried append is recognised as already stored, a retried
     ``create_session`` reports ``SessionExists``.
+    """
+
+
+class BlobNotFound(StoreError):
+    """No blob is stored under ``key`` (never put, collected, or erased with its subject).
+
+    ``session_id`` and ``entry_id`` name the session and entry that referenced
+    it when the caller knows them.
+    """
+
+    def __init__(self, key: str, where: str = "", *, session_id: str | None = None,
+                 entry_id: str | None = None) -> None:
+        whose = ""
+        if session_id is not None:
+            whose = f" (referenced by session {session_id!r}"
+            whose += f", entry {entry_id!r})" if entry_id is not None else ")"
+        suffix = f" in {where}" if where else ""
+        super().__init__(f"blob {key!r} not found{suffix}{whose}", session_id=session_id)
+        self.key = key
+        self.entry_id = entry_id
+
+
+class BlobTooLarge(StoreError):
+    """A blob is bigger than the limit it was attached under; nothing was stored."""
+
+    def __init__(self, size: int, limit: int, *, session_id: str | None = None,
+                 name: str | None = None) -> None:
+        what = f"file {name!r}" if name is not None else "a blob"
+        where = f"session {session_id!r}: " if session_id is not None else ""
+        super().__init__(f"{where}{what} of {size:,} bytes is over the {limit:,}-byte limit; "
+                         f"nothing was stored", session_id=session_id)
+        self.size = size
+        self.limit = limit
+
+
+class PrivacyError(StoreError):
+    """The encryption layer (``threadline.privacy``) or its keyring refused.
+
+    ``session_id`` and ``entry_id`` name the entry when there is one; a
+    keyring problem names the keyring file in the message instead.
+    """
+
+    def __init__(
+        self, message: str, *, session_id: str | None = None, entry_id: str | None = None
+    ) -> None:
+        where = ""
+        if session_id is not None:
+            where = f"session {session_id!r}"
+            if entry_id is not None:
+                where += f", entry {entry_id!r}"
+            where += ": "
+        super().__init__(where + message, session_id=session_id)
+        self.entry_id = entry_id
+
+
+class KeyUnavailable(PrivacyError):
+    """The data key an entry names is not in the keyring, or cannot be unwrapped.
+
+    A missing key file, a key-encryption key that does not unwrap the data
+    key (the wrong key), no key-encryption key given at all, or a key
+    provider that failed. Nothing was deleted or rewritten.
+    """
+
+
+class MalformedEnvelope(PrivacyError):
+    """One sealed entry cannot be opened although its key is at hand.
+
+    Its envelope is damaged, names a cipher this version does not know, or
+    does not authenticate (the ciphertext was altered, or the row was moved
+    to another session or entry). It concerns that entry only.
+    """
+
+
+class PlaintextEntry(PrivacyError):
+    """A store that requires encryption holds an entry that is not sealed.
+
+    Read it only in the layer's migration mode (``plaintext="read"``), which
+    can rewrite the session encrypted.
     """
 
 
@@ -251,6 +349,10 @@ class ToolError(ThreadlineError):
     """A tool definition is unusable (bad schema, unsupported signature)."""
 
 
+class InvalidMessage(ThreadlineError):
+    """A message a client sent (to ``threadline.web``) that cannot be run; says what and where."""
+
+
 class AgentError(ThreadlineError):
     """An agent was used in a way it cannot serve."""
 
@@ -280,3 +382,40 @@ class DecisionConflict(ApprovalError):
     def __init__(self, message: str, winner: object = None) -> None:
         super().__init__(message)
         self.winner = winner
+
+
+class RunActive(AgentError):
+    """A run was started on a session that already has one going, in this or another process.
+
+    ``run_id`` names the active run (follow it, or stop it), ``owner`` the
+    process that owns it (``host:pid``).
+    """
+
+    def __init__(self, session_id: str, run_id: str, owner: str = "") -> None:
+        where = f" (owned by {owner})" if owner else ""
+        super().__init__(f"session {session_id!r} already has run {run_id!r} going{where}: "
+                         "follow it or stop it before starting another")
+        self.session_id = session_id
+        self.run_id = run_id
+        self.owner = owner
+
+
+class BudgetExceeded(AgentError):
+    """A durable run stopped before a model call that would go over its budget.
+
+    ``limit`` names what was exceeded (``"tokens"`` or ``"cost"``), ``spent``
+    what the session has used by the stored totals, ``estimate`` what the
+    refused call was expected to add, ``maximum`` the budget's bound.
+    """
+
+    def __init__(self, session_id: str, limit: str, spent: float, estimate: float,
+                 maximum: float) -> None:
+        super().__init__(
+            f"session {session_id!r}: budget of {maximum:g} {limit} reached ({spent:g} used, "
+            f"the next model call is estimated at {estimate:g} more); the run stopped before it"
+        )
+        self.session_id = session_id
+        self.limit = limit
+        self.spent = spent
+        self.estimate = estimate
+        self.maximum = maximum

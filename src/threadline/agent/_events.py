@@ -33,6 +33,7 @@ import msgspec
 
 from threadline.ai._messages import AssistantMessage, Message, ToolResultMessage
 from threadline.ai._model import StreamEvent
+from threadline.errors import BudgetExceeded
 
 __all__ = [
     "AgentEnd",
@@ -127,7 +128,9 @@ class AgentEnd(_Event, frozen=True, tag="agent_end"):
     """Ids of calls held for a human decision; the run stopped after their turn."""
 
     @property
-    def stop_reason(self) -> Literal["done", "error", "awaiting_approval"]:
+    def stop_reason(self) -> Literal["done", "error", "awaiting_approval", "budget"]:
+        if isinstance(self.error, BudgetExceeded):
+            return "budget"
         if self.error is not None:
             return "error"
         return "awaiting_approval" if self.awaiting_approval else "done"

@@ -9,14 +9,19 @@ the loop runs every call directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from threadline.ai._messages import AssistantMessage, ToolCall, ToolResultMessage
+from threadline.ai._model import ModelInfo, Request
 from threadline.ai._tools import Tool, ToolContext, ToolResult
 
-__all__ = ["Pause", "ResumeTurn", "ToolGate"]
+__all__ = ["BeforeModelCall", "Pause", "ResumeTurn", "ToolGate"]
+
+BeforeModelCall: TypeAlias = Callable[[Request, ModelInfo], Awaitable[BaseException | None]]
+"""Asked before each model call of a run (the durable agent's budget): an
+exception ends the run there, as ``AgentEnd.error``, with no call made."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,8 @@ from threadline.agent._events import (
     TurnEnd,
     TurnStart,
 )
-from threadline.agent._gate import Pause, ResumeTurn, ToolGate
+from threadline.agent._gate import BeforeModelCall, Pause, ResumeTurn, ToolGate
+from threadline.ai import _trace as trace
 from threadline.ai._messages import (
     AssistantMessage,
     Message,
@@ -80,6 +81,7 @@ from threadline.ai._messages import (
     synthesized_result,
 )
 from threadline.ai._model import (
+    BlobReader,
     DoneEvent,
     ErrorEvent,
     LanguageModel,
@@ -202,20 +204,29 @@ class AgentLoop:
         abort: asyncio.Event | None = None,
         gate: ToolGate | None = None,
         resume: ResumeTurn | None = None,
+        blobs: BlobReader | None = None,
+        before_model: BeforeModelCall | None = None,
     ) -> AsyncIterator[AgentEvent]:
         """Run turns from ``context`` + ``input``.
+
+        ``blobs`` goes on every model request (``Request.blobs``): how the
+        provider reads the attachments the messages reference.
 
         ``gate`` watches every tool call (the durable effect ledger). With
         ``resume`` the first turn is that stored turn's tool phase: no model
         call and no events for the assistant message, results only for its
         open calls. A call the gate pauses gets no result; the run ends after
         that turn with ``AgentEnd.awaiting_approval`` naming it.
+        ``before_model`` is awaited before each model call; the exception it
+        returns ends the run there (``AgentEnd.error``), no call made.
         """
-        return self._run(context, input, _AbortSignal(abort or self.options.abort), gate, resume)
+        return self._run(context, input, _AbortSignal(abort or self.options.abort), gate, resume,
+                         blobs=blobs, before_model=before_model)
 
     async def _run(
         self, context: Sequence[Message], input: Sequence[Message], signal: _AbortSignal,
-        gate: ToolGate | None, resume: ResumeTurn | None,
+        gate: ToolGate | None, resume: ResumeTurn | None, *, blobs: BlobReader | None,
+        before_model: BeforeModelCall | None = None,
     ) -> AsyncIterator[AgentEvent]:
         try:
             abort = signal.abort
@@ -230,8 +241,8 @@ class AgentLoop:
             turn = 0
             paused: list[str] = []
             while True:
-                if _is_set(abort):
-                    error = asyncio.CancelledError("run aborted")
+                error = await self._halted(abort, None if resume else before_model, history)
+                if error is not None:
                     break
                 turn += 1
                 yield TurnStart(turn)
@@ -241,7 +252,8 @@ class AgentLoop:
                 else:
                     yield MessageStart(AssistantMessage(model=info.id, provider=info.provider))
                     reply = _Reply()
-                    async with aclosing(self._reply(history, options, abort, reply)) as updates:
+                    async with aclosing(
+                            self._reply(history, options, abort, reply, blobs)) as updates:
                         async for update in updates:
                             yield update
                     final, error = reply.message, reply.error
@@ -270,13 +282,23 @@ class AgentLoop:
         finally:
             await signal.close()  # the run is over: stop watching abort
 
+    async def _halted(self, abort: asyncio.Event | None, before_model: BeforeModelCall | None,
+                      history: list[Message]) -> BaseException | None:
+        """Why no further turn starts: the abort, or ``before_model``'s refusal; or None."""
+        if _is_set(abort):
+            return asyncio.CancelledError("run aborted")
+        if before_model is None:
+            return None
+        return await before_model(Request(tuple(history), self.system, self._specs),
+                                  self.model.info)
+
     def _options(self, abort: asyncio.Event | None) -> StreamOptions:
         options = self.options
         return options if options.abort is abort else dataclasses.replace(options, abort=abort)
 
     async def _reply(
         self, history: list[Message], options: StreamOptions, abort: asyncio.Event | None,
-        reply: _Reply,
+        reply: _Reply, blobs: BlobReader | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
         """Stream one assistant message as updates; its end and error land in ``reply``."""
         info = self.model.info
@@ -287,26 +309,32 @@ class AgentLoop:
             )
             reply.error = asyncio.CancelledError("run aborted")
             return
-        stream = self.model.stream(Request(tuple(history), self.system, self._specs), options)
+        # Ended in the finally however the stream ends: done, failed, or closed by the consumer.
+        span = trace.model_span(info.provider, info.id, history, self.system)
         try:
-            async for event in stream:
-                if isinstance(event, _FINAL):
-                    reply.message = event.message
-                    if isinstance(event, ErrorEvent):
-                        reply.error = _stream_error(event, info)
-                    return
-                yield MessageUpdate(event)
-        except Exception as exc:  # a model that breaks the protocol and raises
-            reply.error = exc
-            reply.message = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
-            return
+            stream = self.model.stream(
+                Request(tuple(history), self.system, self._specs, blobs), options)
+            try:
+                async for event in stream:
+                    if isinstance(event, _FINAL):
+                        reply.message = event.message
+                        if isinstance(event, ErrorEvent):
+                            reply.error = _stream_error(event, info)
+                        return
+                    yield MessageUpdate(event)
+            except Exception as exc:  # a model that breaks the protocol and raises
+                reply.error = exc
+                reply.message = _failed(info.id, info.provider, f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
+            text = "model stream ended without a final event"
+            reply.error = ModelError(text, provider=info.provider, model=info.id)
+            reply.message = _failed(info.id, info.provider, text)
         finally:
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
-        text = "model stream ended without a final event"
-        reply.error = ModelError(text, provider=info.provider, model=info.id)
-        reply.message = _failed(info.id, info.provider, text)
+            trace.end_model_span(span, reply.message, reply.error)
 
     async def _run_tools(
         self, outcome: _ToolOutcome, signal: _AbortSignal, gate: ToolGate | None = None,
@@ -418,7 +446,10 @@ class AgentLoop:
                 queue.put_nowait(ToolExecutionUpdate(call.id, call.name, update))
 
         try:
-            return await self._execute(call, progress, gate, kwargs)
+            with trace.span(f"execute_tool {call.name}", _tool_attributes(call)) as span:
+                result = await self._execute(call, progress, gate, kwargs)
+                trace.tool_result(span, result)
+            return result
         finally:
             running = False
             queue.put_nowait(index)
@@ -462,6 +493,14 @@ class AgentLoop:
             tool_call_id=call.id, tool_name=call.name, content=result.content,
             is_error=result.is_error, details=result.details,
         )
+
+
+def _tool_attributes(call: ToolCall) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool",
+                                  "gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id}
+    if trace.capture_content():
+        attributes["gen_ai.tool.call.arguments"] = msgspec.json.encode(call.arguments).decode()
+    return attributes
 
 
 def _taken_in(messages: Iterable[Message], history: list[Message],

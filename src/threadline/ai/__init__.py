@@ -5,6 +5,7 @@ from __future__ import annotations
 from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
+    BlobPart,
     ImagePart,
     Message,
     StopReason,
@@ -17,6 +18,9 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.ai._model import (
+    BlobReader,
+    BlobRef,
+    BlobUpload,
     DoneEvent,
     ErrorEvent,
     LanguageModel,
@@ -43,6 +47,10 @@ from threadline.ai._tools import Progress, Tool, ToolContext, ToolResult, tool
 __all__ = [
     "AssistantContent",
     "AssistantMessage",
+    "BlobPart",
+    "BlobReader",
+    "BlobRef",
+    "BlobUpload",
     "DoneEvent",
     "ErrorEvent",
     "ImagePart",

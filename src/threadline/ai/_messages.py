@@ -20,6 +20,7 @@ import msgspec
 __all__ = [
     "AssistantContent",
     "AssistantMessage",
+    "BlobPart",
     "ImagePart",
     "Message",
     "StopReason",
@@ -53,6 +54,20 @@ class ImagePart(_Part, frozen=True, tag="image"):
     mime_type: str
 
 
+class BlobPart(_Part, frozen=True, tag="blob"):
+    """A file or image kept beside the log, referenced by its content hash.
+
+    ``sha256`` is 64 lowercase hex digits of the plaintext bytes, ``size``
+    their length. ``stores.attach`` stores the bytes and returns the part;
+    ``stores.open_blob`` reads them back, checked against both.
+    """
+
+    sha256: str
+    media_type: str
+    size: int
+    name: str | None = None
+
+
 class ThinkingPart(_Part, frozen=True, tag="thinking"):
     """Model reasoning. ``signature`` is the provider's opaque token that lets the
     same provider verify the block when it is sent back; ``redacted`` marks
@@ -70,7 +85,7 @@ class ToolCall(_Part, frozen=True, tag="tool_call"):
     arguments: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-UserContent: TypeAlias = TextPart | ImagePart
+UserContent: TypeAlias = TextPart | ImagePart | BlobPart
 AssistantContent: TypeAlias = TextPart | ThinkingPart | ToolCall
 
 

@@ -22,16 +22,19 @@ Event order for one stream::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
-from threadline.ai._messages import AssistantMessage, Message, ToolCall
+from threadline.ai._messages import AssistantMessage, BlobPart, Message, ToolCall
 from threadline.errors import ModelError
 
 __all__ = [
+    "BlobReader",
+    "BlobRef",
+    "BlobUpload",
     "DoneEvent",
     "ErrorEvent",
     "LanguageModel",
@@ -77,11 +80,36 @@ class ToolSpec:
     parameters: dict[str, Any]
 
 
+BlobReader: TypeAlias = Callable[[BlobPart], Awaitable[bytes]]
+"""Reads the bytes a ``BlobPart`` references, checked against its hash and size.
+Raises ``BlobNotFound`` (naming the session, the entry and the hash when it
+knows them) for a blob that is not there."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """Where a provider finds a blob itself instead of receiving its bytes in the
+    request: ``file_id`` from the provider's files API, or a ``url`` it can fetch."""
+
+    file_id: str | None = None
+    url: str | None = None
+
+
+BlobUpload: TypeAlias = Callable[[BlobPart, BlobReader], Awaitable["BlobRef | None"]]
+"""The large-file hook a provider model takes (``upload=``): called with each
+blob of a request and a reader for its bytes, it returns where the provider
+finds the file (after uploading it, or a URL), or None to send it inline."""
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     messages: tuple[Message, ...]
     system: str | None = None
     tools: tuple[ToolSpec, ...] = ()
+    blobs: BlobReader | None = None
+    """How the provider reads the ``BlobPart`` content of ``messages`` when it
+    builds the request (S60). The durable agent sets it from its store; a
+    request holding blob references without it fails with ``BlobNotFound``."""
 
 
 @dataclass(slots=True)

@@ -118,8 +118,7 @@ def get_model(
     if not key:
         if conf.key_required:
             raise ConfigError(
-                f"model {spec!r}: no API key; set the {conf.key_env} environment variable "
-                "or pass api_key=")
+                f"model {spec!r}: no API key; set the {conf.key_env} environment variable")
         key = "unused"  # local servers ignore it, the SDKs insist on one
     url = base_url or (os.environ.get(conf.base_url_env) if conf.base_url_env else None) \
         or conf.base_url

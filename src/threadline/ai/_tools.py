@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal, TypeAlias, overload
 
 import msgspec
 
-from threadline.ai._messages import ImagePart, TextPart, UserContent
+from threadline.ai._messages import BlobPart, ImagePart, TextPart, UserContent
 from threadline.ai._model import ToolSpec
 from threadline.errors import ToolError
 
@@ -102,12 +102,12 @@ class ToolResult:
             return cls()
         if isinstance(value, str):
             return cls.text(value)
-        if isinstance(value, TextPart | ImagePart):
+        if isinstance(value, TextPart | ImagePart | BlobPart):
             return cls((value,))
         if (
             isinstance(value, list | tuple)
             and value
-            and all(isinstance(v, TextPart | ImagePart) for v in value)
+            and all(isinstance(v, TextPart | ImagePart | BlobPart) for v in value)
         ):
             return cls(tuple(value))
         try:

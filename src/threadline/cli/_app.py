@@ -1,96 +1,48 @@
 """The command line: global options, the verb registry, and how errors end a run.
 
-A verb is a name, a help line, a function adding its arguments and an async
-function running it; each group of verbs lives in its own module and lists
-its ``VERBS``. Adding a verb is a new entry in ``_verbs()``.
+Each group of verbs lives in its own module and lists its ``VERBS``
+(``_command.Verb``); adding a verb is a new entry in ``_verbs()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 from threadline import __version__
+from threadline.cli import (
+    _approvals,
+    _blobs,
+    _chat,
+    _demo,
+    _meta,
+    _privacy,
+    _read,
+    _search,
+    _serve,
+    _usage,
+    _write,
+)
+from threadline.cli._command import DEFAULT_STORE, Ctx, Verb
 from threadline.cli._output import Out, stderr, visible
 from threadline.errors import ThreadlineError
-from threadline.session._entries import Entry
-from threadline.session._store import CatalogStore
-from threadline.session._tree import TreeIndex
 
-__all__ = ["DEFAULT_STORE", "Ctx", "Verb", "main"]
-
-DEFAULT_STORE = "./threadline-demo"
-
-
-@dataclass
-class Ctx:
-    """What a verb gets: its arguments, the two output streams, and store opening."""
-
-    args: argparse.Namespace
-    out: Out
-    err: Out
-    interrupt_hint: str | None = None
-    """Said on Ctrl-C (for example, how to resume)."""
-    _stores: list[CatalogStore] = field(default_factory=list)
-
-    @property
-    def store_url(self) -> str:
-        url: str | None = getattr(self.args, "store", None)
-        return url or os.environ.get("THREADLINE_STORE") or DEFAULT_STORE
-
-    def open(self, url: str | None = None, *, create: bool = False) -> CatalogStore:
-        """The store ``url`` names (default ``--store``); a reader passes ``create=False``."""
-        from threadline.stores import open_store
-
-        store = open_store(self.store_url if url is None else url, create=create)
-        self._stores.append(store)
-        return store
-
-    def notice(self, text: str) -> None:
-        self.err.line(("notice: ", "yellow"), text)
-
-    async def load(self, store: CatalogStore, session_id: str) -> list[Entry]:
-        """A session's log; what the store recovered from becomes a one-line notice."""
-        with warnings.catch_warnings():
-            # The file store also warns about a torn tail; its diagnostics say it once.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            log = await store.load_entries(session_id)
-        for diagnostic in getattr(log, "diagnostics", ()):
-            self.notice(" ".join(str(diagnostic).split()))
-        return log
-
-    async def tree(self, store: CatalogStore, session_id: str) -> TreeIndex:
-        return TreeIndex(await self.load(store, session_id), session_id=session_id)
-
-    async def close(self) -> None:
-        for store in self._stores:
-            with contextlib.suppress(ThreadlineError):
-                await store.close()
-
-
-class Verb(NamedTuple):
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[Ctx, argparse.Namespace], Awaitable[int | None]]
+__all__ = ["main"]
 
 
 def _verbs() -> list[Verb]:
-    from threadline.cli import _approvals, _chat, _demo, _read, _serve, _write
-
     return [*_demo.VERBS, *_read.VERBS, *_write.VERBS, *_chat.VERBS, *_approvals.VERBS,
-            *_serve.VERBS]
+            *_serve.VERBS, *_privacy.VERBS, *_blobs.VERBS, *_usage.VERBS, *_search.VERBS,
+            *_meta.VERBS]
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors quote what was typed; they are escaped like everything else (S28)."""
+    """Usage errors quote what was typed; they are escaped like everything else."""
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if message:
@@ -105,11 +57,25 @@ def _parser(verbs: Sequence[Verb]) -> argparse.ArgumentParser:
         description="Durable LLM-agent conversations: inspect, move and demo sessions.",
     )
     p.add_argument("--version", action="version", version=f"threadline {__version__}")
+    keyring_help = ("folder of the keyring of an encrypted store (default: "
+                    "$THREADLINE_KEYRING); see docs/privacy.md")
+    key_help = ("file holding the key-encryption key (default: $THREADLINE_KEY_FILE, or the key "
+                "itself in $THREADLINE_KEY); without one encrypted content shows as locked")
     p.add_argument("--store", default=None, help=store_help)
-    # The same option on every verb; SUPPRESS keeps an absent one from hiding
-    # a --store given before the verb.
+    p.add_argument("--keyring", default=None, metavar="FOLDER", help=keyring_help)
+    p.add_argument("--key-file", default=None, metavar="FILE", help=key_help)
+    redact_help = ("show and export with e-mail addresses, card numbers and phone numbers "
+                   "replaced by [redacted:RULE] (the store is not changed)")
+    p.add_argument("--redact", action="store_true", default=False, help=redact_help)
+    # The same options on every verb; SUPPRESS keeps an absent one from hiding
+    # one given before the verb.
     shared = _Parser(add_help=False)
     shared.add_argument("--store", default=argparse.SUPPRESS, help=store_help)
+    shared.add_argument("--keyring", default=argparse.SUPPRESS, metavar="FOLDER",
+                        help=keyring_help)
+    shared.add_argument("--key-file", default=argparse.SUPPRESS, metavar="FILE", help=key_help)
+    shared.add_argument("--redact", action="store_true", default=argparse.SUPPRESS,
+                        help=redact_help)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for verb in verbs:
         verb.configure(sub.add_parser(verb.name, help=verb.help, description=verb.help,

@@ -1,7 +1,8 @@
 """``threadline pending`` / ``approve`` / ``deny``, and how ledger records print.
 
 ``describe_record`` is what ``show`` and ``tree`` print for the effect
-ledger's entries (``docs/tools-with-side-effects.md``).
+ledger's entries (``docs/tools-with-side-effects.md``). ``continue``, which
+acts on a decision, is with the verbs that run a model (``_chat``).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import argparse
 
 import msgspec
 
-from threadline.cli._app import Ctx, Verb
+from threadline.cli._command import Ctx, Verb
 from threadline.cli._output import Span, visible
 from threadline.durable._effects import describe_record as _line
+from threadline.errors import ApprovalError
 from threadline.session._entries import CustomEntry, Entry
 
-__all__ = ["VERBS", "describe_record"]
+__all__ = ["VERBS", "continue_hint", "describe_record"]
 
 _STYLES = {
     "threadline.tool_plan": "dim",
@@ -56,7 +58,7 @@ def _conf_deny(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reason", required=True, help="why; the model is told")
 
 
-async def _pending(ctx: Ctx, args: argparse.Namespace) -> None:
+async def _pending(ctx: Ctx, args: argparse.Namespace) -> int:
     from threadline.durable._effects import pending_approvals
 
     store = ctx.open()
@@ -66,17 +68,23 @@ async def _pending(ctx: Ctx, args: argparse.Namespace) -> None:
             ctx.out.json({"session_id": p.session_id, "call_id": p.call_id,
                           "tool_name": p.tool_name, "arguments": p.arguments,
                           "reason": p.reason, "requested_at": p.requested_at})
-        return
-    if not found:
+    elif not found:
         ctx.out.line("no tool calls await approval")
-        return
-    ctx.out.line(("SESSION  CALL  TOOL  ARGUMENTS  REASON  REQUESTED", "bold"))
-    for p in found:
-        # Ids, arguments and reasons are data: printed escaped, never as markup.
-        cells = (p.session_id, p.call_id, p.tool_name,
-                 msgspec.json.encode(p.arguments).decode(), p.reason,
-                 f"{p.requested_at:%Y-%m-%d %H:%M:%S}")
-        ctx.out.line("  ".join(visible(cell) for cell in cells))
+    else:
+        # Ids, arguments and reasons are data: escaped first, so the columns
+        # are measured on what is printed.
+        ctx.out.table([("SESSION", "CALL", "TOOL", "ARGUMENTS", "REASON", "REQUESTED")] + [
+            tuple(visible(cell) for cell in (
+                p.session_id, p.call_id, p.tool_name, msgspec.json.encode(p.arguments).decode(),
+                p.reason, f"{p.requested_at:%Y-%m-%d %H:%M:%S}")) for p in found])
+    for problem in found.problems:
+        # One session that cannot be read never hides the others' approvals.
+        ctx.notice(f"could not look for approvals: {' '.join(str(problem).split())}")
+    return 1 if found.problems else 0
+
+
+def continue_hint(session: str) -> str:
+    return f"threadline continue {session} --factory MODULE:NAME"
 
 
 async def _decide(ctx: Ctx, args: argparse.Namespace) -> None:
@@ -85,13 +93,17 @@ async def _decide(ctx: Ctx, args: argparse.Namespace) -> None:
     store = ctx.open()
     agent = await durable.open(None, store=store, session_id=args.session, repair=False,
                                create=False)
-    if args.command == "approve":
-        entry = await agent.approve(args.call, reason=args.reason, by=args.by)
-    else:
-        entry = await agent.deny(args.call, args.reason, by=args.by)
+    try:
+        if args.command == "approve":
+            entry = await agent.approve(args.call, reason=args.reason, by=args.by)
+        else:
+            entry = await agent.deny(args.call, args.reason, by=args.by)
+    except ApprovalError as exc:
+        raise type(exc)(f"{exc}; `threadline pending` lists the calls that await a "
+                        "decision") from exc
     verdict = "approved" if args.command == "approve" else "denied"
     ctx.out.line(f"{verdict} call {visible(args.call)} in session {visible(args.session)} "
-                 f"(entry {entry.id}); continue the run to act on it")
+                 f"(entry {entry.id}); to act on it: {continue_hint(args.session)}")
 
 
 VERBS = [

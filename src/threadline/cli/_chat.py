@@ -1,4 +1,6 @@
-"""``chat`` and ``branch``: talk to a real model in a session.
+"""``chat`` and ``branch``: talk to a real model in a session; ``continue``: finish
+a run an approval or a crash left open, with the application's own factory
+(its model and tools), named as ``package.module:name``.
 
 In the CLI a branch is where a chat continues: ``chat SESSION --at ENTRY``
 (or ``branch SESSION ENTRY``, the same thing) sends the next message after
@@ -16,19 +18,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import inspect
 import os
 import sys
+from typing import Any
 
 from threadline import durable
-from threadline.agent._events import MessageUpdate
+from threadline.agent._events import AgentEnd, MessageUpdate
 from threadline.ai._messages import AssistantMessage
 from threadline.ai._model import TextDelta
 from threadline.ai._registry import get_model
-from threadline.cli._app import Ctx, Verb
+from threadline.cli._approvals import continue_hint
+from threadline.cli._command import Ctx, Verb
 from threadline.cli._output import visible
-from threadline.cli._read import write_path
-from threadline.cli._render import resolve
+from threadline.cli._read import without_custom, write_path
+from threadline.cli._render import count, describe, resolve
 from threadline.durable._events import StoredMessageEnd
+from threadline.errors import ConfigError
 from threadline.session._entries import MessageEntry
 from threadline.session._tree import TreeIndex
 
@@ -70,8 +77,10 @@ async def _chat(ctx: Ctx, args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if path:
         ctx.out.line(("resuming ", "bold"), f"session {agent.session_id} "
-                     f"({len(agent.entries)} entries; the path so far):")
-        write_path(ctx.out, tree, path[-_RECALL:], skipped=max(0, len(path) - _RECALL))
+                     f"({count(len(agent.entries), 'entry')}; the path so far):")
+        shown, hidden = without_custom(path, False)
+        write_path(ctx.out, tree, shown[-_RECALL:], skipped=max(0, len(shown) - _RECALL),
+                   hidden=hidden)
     else:
         ctx.out.line(("new session ", "bold"), agent.session_id)
     if interactive:
@@ -109,8 +118,70 @@ async def _turn(ctx: Ctx, agent: durable.DurableAgent, line: str) -> str | None:
     return failure
 
 
+def _conf_continue(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session")
+    p.add_argument("--factory", required=True, metavar="MODULE:NAME",
+                   help="the application's agent loop, as package.module:name: a durable "
+                        "factory such as durable.model(model, tools), or a function that "
+                        "returns one (the current folder is on the import path)")
+
+
+def _load_factory(spec: str) -> Any:
+    """The factory ``spec`` names; a function returning one is called first."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"--factory {spec!r}: expected package.module:name")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the application's own folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--factory {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    target = module
+    for part in name.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"--factory {spec!r}: {module_name} has no {name!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"--factory {spec!r} is a {type(target).__name__}, not a factory")
+    return target
+
+
+async def _continue(ctx: Ctx, args: argparse.Namespace) -> int:
+    target = _load_factory(args.factory)
+    made = target()
+    if inspect.isawaitable(made):
+        made = await made
+    # A factory builds a loop (it has ``run``); anything else callable it gave is the factory.
+    factory = target if hasattr(made, "run") else made
+    if not callable(factory):
+        raise ConfigError(f"--factory {args.factory!r} gave a {type(made).__name__}, "
+                          "neither a loop nor a factory")
+    store = ctx.open()
+    agent = await durable.open(factory, store=store, session_id=args.session, create=False)
+    ctx.interrupt_hint = f"stopped; run `{continue_hint(args.session)}` again to go on"
+    stored = 0
+    failed = False
+    async with agent.continue_run() as run:
+        async for event in run:
+            if isinstance(event, StoredMessageEnd):
+                for entry in event.entries:
+                    stored += 1
+                    ctx.out.line(*describe(entry, width=200 if ctx.out.is_terminal else None))
+            elif isinstance(event, AgentEnd) and event.error is not None:
+                failed = True
+                ctx.err.line(("error: ", "bold red"), "the run failed: "
+                             + " ".join(str(event.error).split()))
+    if not stored and not failed:
+        ctx.out.line(f"nothing to continue in session {args.session}: no tool calls are open "
+                     "at its leaf")
+    return 1 if failed else 0
+
+
 VERBS = [
     Verb("chat", "chat in a session with a real model", _conf_chat, _chat),
     Verb("branch", "continue a session from an earlier entry (same as chat --at)",
          _conf_branch, _chat),
+    Verb("continue", "finish a run that an approval or a crash left open, with the "
+         "application's factory", _conf_continue, _continue),
 ]

@@ -22,15 +22,15 @@ from rich.rule import Rule
 
 from threadline import durable
 from threadline.ai._tools import Tool, tool
-from threadline.cli._app import Ctx, Verb
+from threadline.cli._command import Ctx, Verb
 from threadline.cli._output import Out
-from threadline.cli._render import describe, session_tree, short, spans_text
+from threadline.cli._render import describe, short, spans_text, tree_lines
 from threadline.durable._events import LifecycleEvent, StoredMessageEnd
 from threadline.errors import ConfigError
-from threadline.session._file import FileStore
-from threadline.session._store import CatalogStore
 from threadline.session._tree import TreeIndex
 from threadline.stores import open_store
+from threadline.stores._contract import CatalogStore
+from threadline.stores.file._store import FileStore
 from threadline.testing._scripted import Call, ScriptedModel, Turn
 from threadline.testing._scripted import Text as Say
 
@@ -155,10 +155,13 @@ async def run_demo(url: str, store: CatalogStore, out: Out) -> None:
 
     step(6, "The session tree, reloaded from the store")
     reloaded = TreeIndex(await store.load_entries(session_id), session_id=session_id)
-    console.print(session_tree(reloaded, title=f"session {session_id}", leaf_id=agent.leaf_id))
     forked = TreeIndex(await store.load_entries(child.session_id), session_id=child.session_id)
-    console.print(session_tree(forked, title=f"session {child.session_id}  (fork of "
-                               f"{session_id})"))
+    for tree, title, leaf in (
+            (reloaded, f"session {session_id}", agent.leaf_id),
+            (forked, f"session {child.session_id}  (fork of {session_id})", None)):
+        out.line((title, "bold"))
+        for line in tree_lines(tree, leaf_id=leaf):
+            out.line(*line)
     out.line("  ● marks the active path. Lifecycle events this process published: "
              + ", ".join(e.type for e in published))
     out.line()

@@ -21,16 +21,22 @@ from pathlib import Path
 
 import msgspec
 
-from threadline.ai._messages import AssistantMessage, ToolResultMessage, UserMessage
+from threadline.ai._messages import (
+    AssistantMessage,
+    BlobPart,
+    TextPart,
+    ToolResultMessage,
+    UserMessage,
+)
+from threadline.cli._bundle import blob_line, decode_blob_line, import_threadline, read_bundle
 from threadline.cli._output import json_bytes, visible
-from threadline.errors import CorruptLog
 from threadline.integrations.importers import (
     Imported,
     import_agents_sqlite,
     import_claude_code,
     import_pi,
 )
-from threadline.session._codec import decode_init, decode_lines, encode_init, export_lines
+from threadline.integrations.importers._common import detect
 from threadline.session._context import build_context
 from threadline.session._entries import (
     BranchSummaryEntry,
@@ -38,13 +44,17 @@ from threadline.session._entries import (
     CustomEntry,
     CustomMessageEntry,
     Entry,
+    ErasedEntry,
     MessageEntry,
     OpaqueEntry,
+    SealedEntry,
     SessionRecord,
 )
 from threadline.session._tree import TreeIndex
+from threadline.stores.file._format import encode_init, export_lines
 
-__all__ = ["EXPORTERS", "IMPORTERS", "PATH_IMPORTERS", "Imported"]
+__all__ = ["EXPORTERS", "IMPORTERS", "PATH_IMPORTERS", "Imported", "blob_line",
+           "decode_blob_line", "detect", "import_threadline"]
 
 Exporter = Callable[[SessionRecord, TreeIndex, bool], bytes]
 """(record, tree, to a terminal) -> the bytes to write."""
@@ -65,9 +75,29 @@ def _export_messages(record: SessionRecord, tree: TreeIndex, terminal: bool) -> 
 
 
 def _md_text(text: str) -> str:
-    # Shown literally: no raw HTML reaches a Markdown renderer, no control
-    # character reaches a terminal.
-    return html.escape(visible(text, keep_lines=True), quote=False)
+    # Shown literally: no raw HTML reaches a Markdown renderer (escaped as
+    # HTML), no code span, link or image starts (their characters escaped
+    # as Markdown), no control character reaches a terminal.
+    escaped = html.escape(visible(text, keep_lines=True), quote=False)
+    return _MD_ACTIVE.sub(r"\\\g<0>", escaped)
+
+
+_MD_ACTIVE = re.compile(r"[\\`\[\]]")
+
+
+def _code(text: str) -> str:
+    """``text`` as one inline code span, whatever backticks it holds.
+
+    The fence is one backtick longer than the longest run inside, so no
+    backtick in the text can end the span early (CommonMark), and a space
+    on each side (which a renderer strips) keeps a backtick at either end
+    from joining the fence.
+    """
+    text = visible(text)
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _fenced(text: str, lang: str = "") -> str:
@@ -76,38 +106,58 @@ def _fenced(text: str, lang: str = "") -> str:
     return f"{fence}{lang}\n{visible(text, keep_lines=True)}\n{fence}"
 
 
+def _md_attachments(content: tuple[object, ...]) -> list[str]:
+    return [f"Attachment: {_code(p.name or 'unnamed')} ({_md_text(p.media_type)}, "
+            f"{p.size:,} bytes, sha256 {_code(p.sha256)})"
+            for p in content if isinstance(p, BlobPart)]
+
+
+def _md_message(m: object) -> list[str]:
+    if isinstance(m, UserMessage):
+        return ["## User", _md_text(m.text), *_md_attachments(m.content)]
+    if isinstance(m, AssistantMessage):
+        out = ["## Assistant"] + ([_md_text(m.text)] if m.text else [])
+        for call in m.tool_calls:
+            args = msgspec.json.format(msgspec.json.encode(call.arguments)).decode()
+            out += [f"Tool call {_code(call.name)}:", _fenced(args, "json")]
+        if m.stop_reason == "error":
+            out.append(f"> **Error:** {_md_text(m.error_message or 'no message')}")
+        return out
+    if isinstance(m, ToolResultMessage):
+        label = " (error)" if m.is_error else ""
+        label += f" ({m.synthesized})" if m.synthesized else ""
+        return [f"### Tool result {_code(m.tool_name)}{label}", _fenced(m.text),
+                *_md_attachments(m.content)]
+    return []
+
+
 def _md_entry(entry: Entry) -> list[str]:
     if isinstance(entry, MessageEntry):
-        m = entry.message
-        if isinstance(m, UserMessage):
-            return ["## User", _md_text(m.text)]
-        if isinstance(m, AssistantMessage):
-            out = ["## Assistant"] + ([_md_text(m.text)] if m.text else [])
-            for call in m.tool_calls:
-                args = msgspec.json.format(msgspec.json.encode(call.arguments)).decode()
-                out += [f"Tool call `{visible(call.name)}`:", _fenced(args, "json")]
-            if m.stop_reason == "error":
-                out.append(f"> **Error:** {_md_text(m.error_message or 'no message')}")
-            return out
-        if isinstance(m, ToolResultMessage):
-            label = " (error)" if m.is_error else ""
-            label += f" ({m.synthesized})" if m.synthesized else ""
-            return [f"### Tool result `{visible(m.tool_name)}`{label}", _fenced(m.text)]
+        return _md_message(entry.message)
     if isinstance(entry, CompactionEntry):
         return ["## Summary of the earlier conversation", _md_text(entry.summary)]
     if isinstance(entry, BranchSummaryEntry):
         return ["## Summary of another branch", _md_text(entry.summary)]
-    if isinstance(entry, CustomMessageEntry | CustomEntry):
-        return [f"*custom entry `{visible(entry.kind)}`*"]
+    if isinstance(entry, CustomMessageEntry):
+        # The model is sent this as user content, so a reader sees it too.
+        text = "".join(p.text for p in entry.content if isinstance(p, TextPart))
+        hidden = "" if entry.display else " (not shown to the user)"
+        return [f"## Custom message {_code(entry.kind)}{hidden}", _md_text(text)]
+    if isinstance(entry, CustomEntry):
+        return [f"*custom entry {_code(entry.kind)}*"]
+    if isinstance(entry, ErasedEntry | SealedEntry):
+        gone = ("[erased]", "its content is gone") if isinstance(entry, ErasedEntry) else (
+            "[locked]", "encrypted, no key given")
+        return [f"*{gone[0]} {_code(entry.of)} entry: {gone[1]}*"]
     if isinstance(entry, OpaqueEntry):
-        return [f"*entry of unknown type `{visible(entry.type)}`*"]
+        return [f"*entry of unknown type {_code(entry.type)}*"]
     return []
 
 
 def _export_markdown(record: SessionRecord, tree: TreeIndex, terminal: bool) -> bytes:
-    head = [f"# Session `{visible(record.id)}`",
+    head = [f"# Session {_code(record.id)}",
             f"Created {record.created_at.isoformat()}"
-            + (f", forked from `{visible(record.parent_id)}`" if record.parent_id else "")
+            + (f", forked from {_code(record.parent_id)}" if record.parent_id else "")
             + ". The active path:"]
     blocks = head + [block for entry in tree.path() for block in _md_entry(entry)]
     return ("\n\n".join(blocks) + "\n").encode()
@@ -123,34 +173,14 @@ EXPORTERS: dict[str, Exporter] = {
 Importer = Callable[[bytes, str], list[Imported]]
 """(file bytes, file name for errors) -> the sessions in it."""
 
-_INIT = b'{"type":"session_init"'
-
-
-def _import_threadline(data: bytes, name: str) -> list[Imported]:
-    """One or more sessions, each a ``session_init`` line followed by its entries."""
-    lines = data.split(b"\n")  # never a universal-newline split: see docs/design.md
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if not lines:
-        raise CorruptLog("the file is empty; expected a session_init line", path=name, line=1)
-    starts = [i for i, line in enumerate(lines) if i == 0 or line.startswith(_INIT)]
-    found: list[Imported] = []
-    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
-        record = decode_init(lines[start], path=name, lineno=start + 1)
-        # One decode per session: the codec reads batch lines as well.
-        body = b"".join(line + b"\n" for line in lines[start + 1:end])
-        entries = decode_lines(body, session_id=record.id, path=name, first_line=start + 2)
-        found.append(Imported(record, entries))
-    return found
-
-
 IMPORTERS: dict[str, Importer] = {
-    "threadline": _import_threadline,
+    "threadline": import_threadline,
     "pi": import_pi,
     "claude-code": import_claude_code,
 }
 
 PATH_IMPORTERS: dict[str, Callable[[Path], list[Imported]]] = {
-    # A database is read where it lies, not as bytes.
+    # A database is read where it lies, not as bytes; a bundle is a folder or a tar.
     "openai-agents-sqlite": import_agents_sqlite,
+    "bundle": read_bundle,
 }

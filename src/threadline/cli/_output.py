@@ -1,4 +1,4 @@
-"""Everything the command writes goes through here (S28).
+"""Everything the command writes goes through here.
 
 A transcript is untrusted input: a model or a tool can put escape sequences,
 bidi overrides or rich markup in it. So text is never handed to rich as
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -29,38 +28,48 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.style import Style
 
+from threadline.session._text import backslash, has_hidden, hidden_code_points, pattern
+
 __all__ = ["Out", "Span", "json_bytes", "paged", "stderr", "visible"]
 
-# C0, DEL and C1 controls, and the invisible characters that reorder or hide
-# text (bidi embeddings, overrides and isolates, line/paragraph separators).
-_INVISIBLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F,
-              0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF]
-_VISIBLE = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _INVISIBLE}
+def _utf16(code: int) -> tuple[int, ...]:
+    if code <= 0xFFFF:
+        return (code,)
+    code -= 0x10000
+    return (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF))
+
+
+# Every character that a terminal acts on or that hides or reorders text
+# (threadline.session._text), as an escape; newline and tab kept where lines are.
+_CODES = hidden_code_points()
+_VISIBLE = {c: backslash(c) for c in _CODES}
 _VISIBLE_KEEP_LINES = {**_VISIBLE, ord("\n"): "\n", ord("\t"): "\t"}
-# Most text has none of them: one regex scan is far cheaper than ``translate``.
-_ANY = re.compile("[" + "".join(re.escape(chr(c)) for c in _INVISIBLE) + "]")
-_ANY_BUT_LINES = re.compile(
-    "[" + "".join(re.escape(chr(c)) for c in _INVISIBLE if chr(c) not in "\n\t") + "]")
-# Inside JSON only non-C0 characters can be raw (the encoder escapes C0).
-_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _INVISIBLE if c >= 0x20}
+# Inside JSON only non-C0 characters can be raw (the encoder escapes C0); JSON
+# spells a character past the BMP as its UTF-16 surrogate pair.
+_JSON_ESCAPES = {c: "".join(f"\\u{u:04x}" for u in _utf16(c)) for c in _CODES if c >= 0x20}
+_JSON_ANY = pattern(sorted(_JSON_ESCAPES))
 
 
 def visible(text: str, *, keep_lines: bool = False) -> str:
     """``text`` with every control or invisible character written as an escape."""
-    if (_ANY_BUT_LINES if keep_lines else _ANY).search(text) is None:
+    if not has_hidden(text, lines=keep_lines):
         return text
     return text.translate(_VISIBLE_KEEP_LINES if keep_lines else _VISIBLE)
 
 
 def json_bytes(data: bytes, *, escape: bool = True) -> bytes:
-    """JSON with C1 controls and bidi characters as ``\\uXXXX`` escapes.
+    """JSON with C1 controls and the characters that hide text as ``\\uXXXX`` escapes.
 
     The encoder already escapes C0 (ESC, BEL), so no escape sequence can start;
     this covers the rest. The strings decode the same.
     """
     if not escape:
         return data
+    if data.isascii():  # JSON's own escapes keep it so whenever it can
+        return data
     text = data.decode("utf-8", errors="surrogateescape")
+    if _JSON_ANY.search(text) is None:
+        return data
     return text.translate(_JSON_ESCAPES).encode("utf-8", errors="surrogateescape")
 
 
@@ -91,17 +100,29 @@ class Out:
         return _isatty(self.stream)
 
     def line(self, *spans: Span) -> None:
+        if not self.color:  # one escape pass over the whole line
+            text = "".join(span if isinstance(span, str) else span[0] for span in spans)
+            self.stream.write(visible(text) + "\n")
+            return
         parts: list[str] = []
         for span in spans:
             if isinstance(span, str):
                 parts.append(visible(span))
-            elif self.color:
+            else:
                 before, after = _ansi(span[1])
                 parts.append(before + visible(span[0]) + after)
-            else:
-                parts.append(visible(span[0]))
         parts.append("\n")
         self.stream.write("".join(parts))
+
+    def table(self, rows: list[tuple[str, ...]]) -> None:
+        """Rows of cells in aligned columns, the first row (the heading) bold.
+
+        Cells are measured as printed, so escape them (``visible``) first.
+        """
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        for n, row in enumerate(rows):
+            cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+            self.line(("  ".join([*cells, row[-1]]).rstrip(), "bold" if n == 0 else ""))
 
     def json(self, obj: Any) -> None:
         """One JSON document on one line."""

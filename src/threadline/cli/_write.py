@@ -17,16 +17,20 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from threadline import durable
-from threadline.cli._app import Ctx, Verb
-from threadline.cli._formats import IMPORTERS, PATH_IMPORTERS, Imported
+from threadline.cli._bundle import is_bundle
+from threadline.cli._command import Ctx, Verb
+from threadline.cli._formats import IMPORTERS, PATH_IMPORTERS, Imported, detect
 from threadline.cli._output import visible
 from threadline.cli._read import add_json
-from threadline.cli._render import resolve
-from threadline.errors import ConfigError
-from threadline.session._codec import export_lines
-from threadline.session._memory import MemoryStore
+from threadline.cli._render import count, resolve
+from threadline.errors import ConfigError, CorruptLog, StoreError, ThreadlineError
+from threadline.integrations.importers import move_inline
 from threadline.session._tree import TreeIndex
 from threadline.stores import CopyProgress, CopyResult, copy_sessions
+from threadline.stores._blobs import SessionBlobs
+from threadline.stores._contract import BlobStore
+from threadline.stores._memory import MemoryStore
+from threadline.stores.file._format import export_lines
 
 __all__ = ["VERBS"]
 
@@ -53,7 +57,7 @@ async def _fork(ctx: Ctx, args: argparse.Namespace) -> None:
                       "entries": len(child.entries)})
     else:
         ctx.out.line(f"forked {args.session} -> {child.session_id} "
-                     f"({len(child.entries)} entries)")
+                     f"({count(len(child.entries), 'entry')})")
 
 
 # -- delete -------------------------------------------------------------------------
@@ -75,7 +79,8 @@ async def _delete(ctx: Ctx, args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             raise ConfigError("delete asks before it deletes; pass --yes when stdin is not "
                               "a terminal")
-        ctx.err.line(f"delete {len(ids)} session(s) from {ctx.store_url}: {', '.join(ids)}? "
+        ctx.err.line(f"delete {count(len(ids), 'session')} from {ctx.store_url}: "
+                     f"{', '.join(ids)}? "
                      "[y/N] ")
         if (await asyncio.to_thread(input)).strip().lower() not in ("y", "yes"):
             ctx.err.line("nothing deleted")
@@ -94,23 +99,41 @@ async def _delete(ctx: Ctx, args: argparse.Namespace) -> int:
 
 def _conf_import(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="files to read ('-' for stdin)")
-    p.add_argument("--format", choices=sorted(IMPORTERS | PATH_IMPORTERS), default="threadline",
-                   help="threadline (default): what `threadline export` writes; pi, "
-                        "claude-code: their JSONL transcripts; openai-agents-sqlite: an "
-                        "Agents SDK SQLiteSession database")
+    p.add_argument("--format", choices=sorted(IMPORTERS | PATH_IMPORTERS), default=None,
+                   help="what the files are (default: told from each file): threadline, "
+                        "what `threadline export` writes; pi, claude-code: their JSONL "
+                        "transcripts; openai-agents-sqlite: an Agents SDK SQLiteSession "
+                        "database. A file of another format is refused")
     add_json(p)
 
 
-def _read_file(name: str, fmt: str) -> list[Imported]:
+def _read_file(name: str, fmt: str | None) -> tuple[str, list[Imported]]:
+    """The file's format and the sessions in it."""
+    shown = "<stdin>" if name == "-" else name
     if fmt in PATH_IMPORTERS:
         if name == "-":
             raise ConfigError(f"--format {fmt} reads a database file, not stdin")
-        return PATH_IMPORTERS[fmt](Path(name))
+        return fmt, PATH_IMPORTERS[fmt](Path(name))
     try:
-        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        if name == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            if fmt is None and is_bundle(Path(name)):
+                return "bundle", PATH_IMPORTERS["bundle"](Path(name))
+            if fmt is None:
+                with Path(name).open("rb") as f:
+                    fmt = detect(f.read(1 << 16))
+                if fmt in PATH_IMPORTERS:
+                    return fmt, PATH_IMPORTERS[fmt](Path(name))
+            data = Path(name).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read {name}: {exc.strerror or exc}") from exc
-    return IMPORTERS[fmt](data, "<stdin>" if name == "-" else name)
+        raise ConfigError(f"cannot read {shown}: {exc.strerror or exc}") from exc
+    fmt = fmt or detect(data)
+    if fmt is None:
+        raise CorruptLog("not a threadline export, pi session file, Claude Code transcript or "
+                         "Agents SDK database; if it is one of them, say which with --format",
+                         path=shown, line=1)
+    return fmt, IMPORTERS[fmt](data, shown)
 
 
 def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Imported]]:
@@ -123,7 +146,7 @@ def _one_per_session(found: list[tuple[str, Imported]]) -> list[tuple[str, Impor
         elif (seen[sid][1].record, export_lines(seen[sid][1].entries)) != (
                 item.record, export_lines(item.entries)):
             raise ConfigError(f"{seen[sid][0]} and {name} hold different versions of session "
-                              f"{sid!r}; import one of them")
+                              f"{sid!r}; import one of them (nothing was imported)")
     return list(seen.values())
 
 
@@ -141,44 +164,105 @@ def _bar(ctx: Ctx, what: str, show: bool) -> Iterator[Callable[[int, int, str], 
                                                       current=visible(current))
 
 
-async def _import(ctx: Ctx, args: argparse.Namespace) -> None:
-    found: list[tuple[str, Imported]] = []
+class _Files:
+    """What an import made of its files: the sessions read, each file's format,
+    and the files left out with why."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, Imported]] = []
+        self.formats: dict[str, str | None] = {}
+        self.failed: dict[str, str] = {}
+
+    def fail(self, name: str, exc: ThreadlineError) -> None:
+        self.failed.setdefault(name, " ".join(str(exc).split()))
+
+
+def _read_all(ctx: Ctx, args: argparse.Namespace) -> _Files:
+    # Each file on its own: one that cannot be read is named and left out.
+    files = _Files()
     with _bar(ctx, "reading files", len(args.files) > 1) as update:
         for done, name in enumerate(args.files, 1):
-            found += [(name, item) for item in _read_file(name, args.format)]
+            files.formats[name] = args.format
+            try:
+                files.formats[name], items = _read_file(name, args.format)
+            except ThreadlineError as exc:
+                files.fail(name, exc)
+            else:
+                files.found += [(name, item) for item in items]
             update(done, len(args.files), name)
-    found = _one_per_session(found)
+    files.found = _one_per_session(files.found)
+    return files
+
+
+async def _write_all(ctx: Ctx, files: _Files) -> dict[str, str]:
+    """Each session's status: copied, resumed, skipped, or failed (its file named)."""
+    statuses: dict[str, str] = {}
+    if not files.found:
+        return statuses
+    dst = ctx.open(create=True)
+    # Inline images go to blobs when the target keeps them: staged here, then
+    # carried by copy_sessions ahead of the entries that reference them.
+    to_blobs = isinstance(dst, BlobStore | SessionBlobs)
     staging = MemoryStore()
-    for _, item in found:
+    for _, item in files.found:
         for message in item.notes:
             ctx.notice(message)
+        entries = item.entries
+        if to_blobs:
+            entries, _ = await move_inline(staging, item.record.id, entries)
+        for key, data in item.blobs.items():  # a bundle's, or an export's inline blobs
+            await staging.put_blob(key, data)
         await staging.create_session(item.record)
-        await staging.append_entries(item.record.id, item.entries)
-    dst = ctx.open(create=True)
+        await staging.append_entries(item.record.id, entries)
     # copy_sessions brings the resume-or-refuse rule: a session already there
     # with the same entries is skipped, one that differs is a CopyConflict.
     # One batch per session, so an interrupted import never leaves a prefix
     # that looks like a whole transcript.
-    statuses: dict[str, str] = {}
-    with _bar(ctx, "importing sessions", len(found) > 1) as update:
-        def note(p: CopyProgress) -> None:
-            statuses[p.session_id] = p.status
-            update(p.done, p.total, p.session_id)
+    with _bar(ctx, "importing sessions", len(files.found) > 1) as update:
+        for done, (name, item) in enumerate(files.found, 1):
+            sid = item.record.id
+            try:
+                result = await copy_sessions(staging, dst, ids=[sid],
+                                             batch_size=max(len(item.entries), 1))
+            except StoreError as exc:
+                files.fail(name, exc)
+                statuses[sid] = "failed"
+            else:
+                statuses[sid] = ("copied" if result.copied else
+                                 "resumed" if result.resumed else "skipped")
+            update(done, len(files.found), sid)
+    return statuses
 
-        await copy_sessions(staging, dst, ids=[item.record.id for _, item in found],
-                            progress=note,
-                            batch_size=max([len(item.entries) for _, item in found] + [1]))
-    for name, item in found:
+
+async def _import(ctx: Ctx, args: argparse.Namespace) -> int:
+    files = _read_all(ctx, args)
+    statuses = await _write_all(ctx, files)
+    for name, item in files.found:
         sid = item.record.id
+        if statuses[sid] == "failed":
+            continue
         if args.json:
-            ctx.out.json({"session_id": sid, "file": name, "entries": len(item.entries),
+            ctx.out.json({"session_id": sid, "file": name, "format": files.formats[name],
+                          "entries": len(item.entries),
                           "mapped": len(item.entries) - item.kept_raw,
                           "kept_raw": item.kept_raw, "extra_fields": item.extra_fields,
                           "status": statuses[sid]})
         else:
             verb = "already present, unchanged" if statuses[sid] == "skipped" else "imported"
             raw = f", {item.kept_raw} kept raw" if item.kept_raw else ""
-            ctx.out.line(f"{verb}: {sid} ({len(item.entries)} entries{raw}) from {name}")
+            ctx.out.line(f"{verb}: {sid} ({count(len(item.entries), 'entry')}{raw}) from "
+                         f"{name}")
+    for name, why in files.failed.items():
+        if args.json:
+            ctx.out.json({"file": name, "format": files.formats[name], "status": "failed",
+                          "error": why})
+        ctx.err.line(("error: ", "bold red"), f"{why}; not imported")
+    if files.failed:
+        good = len(args.files) - len(files.failed)
+        ctx.err.line(("error: ", "bold red"),
+                     f"{good} of {count(len(args.files), 'file')} imported; not imported: "
+                     + ", ".join(files.failed))
+    return 1 if files.failed else 0
 
 
 # -- copy ---------------------------------------------------------------------------
@@ -198,13 +282,15 @@ _RESUME = ("run the same command again to resume (complete sessions are skipped,
 
 def _summary(result: CopyResult, args: argparse.Namespace) -> str:
     total = result.copied + result.resumed + result.skipped
-    return (f"{total} session(s) from {args.source} to {args.destination}: "
+    return (f"{count(total, 'session')} from {args.source} to {args.destination}: "
             f"{result.copied} copied, {result.resumed} resumed, {result.skipped} already "
-            f"complete; {result.entries} entries written")
+            f"complete; {count(result.entries, 'entry')} written")
 
 
 async def _copy(ctx: Ctx, args: argparse.Namespace) -> None:
-    src = ctx.open(args.source)
+    # With a keyring, a source written before encryption is read as it is and
+    # its copy is sealed: the way to encrypt a store into a new one.
+    src = ctx.open(args.source, plaintext=True)
     await src.list_sessions(limit=1)  # a missing source fails before the destination is made
     dst = ctx.open(args.destination, create=True)
     ctx.interrupt_hint = f"copy stopped; {_RESUME}"

@@ -1,4 +1,4 @@
-"""The durable agent (S1-S5, S10, S11, S13).
+"""The durable agent.
 
 A ``DurableAgent`` owns the transcript state of one session: its id, the
 loaded entries, a tree index and an in-memory leaf. It holds no application
@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, TypeAlias, cast
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
-from threadline.agent._events import AgentEvent, MessageEnd
+from threadline.agent._events import AgentEvent, MessageEnd, MessageUpdate
 from threadline.agent._gate import ResumeTurn
 from threadline.agent._loop import AgentLoop
+from threadline.ai import _trace as trace
 from threadline.ai._messages import (
     AssistantMessage,
     Message,
@@ -30,6 +32,8 @@ from threadline.ai._messages import (
 from threadline.ai._model import LanguageModel
 from threadline.ai._tools import Tool
 from threadline.durable import _effects as effects
+from threadline.durable._blobs import blob_reader
+from threadline.durable._budget import Budget, BudgetTracker, checked_first, model_check
 from threadline.durable._channel import Channel
 from threadline.durable._compaction import CompactionPolicy, compact_agent, maybe_compact
 from threadline.durable._events import (
@@ -45,8 +49,16 @@ from threadline.durable._events import (
 )
 from threadline.durable._factory import Factory
 from threadline.durable._lock import AnyLoopLock
+from threadline.durable._metadata import (
+    TitleGenerator,
+    change_entry,
+    opening_change,
+    title_after_first_exchange,
+)
 from threadline.durable._repair import orphaned_results
 from threadline.durable._retry import append_linear_retrying, retry_append
+from threadline.durable._stop import request_stop
+from threadline.durable._tracing import load, traced_append, traced_events, traced_run
 from threadline.errors import (
     AgentError,
     ConfigError,
@@ -67,15 +79,15 @@ from threadline.session._entries import (
     utcnow,
 )
 from threadline.session._ids import new_id
-from threadline.session._store import (
-    AppendChecked,
-    LinearStore,
-    Store,
-    WatchableStore,
-    checked_append,
+from threadline.session._metadata import (
+    MetadataChange,
+    SessionMetadata,
+    fold_metadata,
+    metadata_change,
 )
-from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
+from threadline.stores._contract import LinearStore, Store, WatchableStore
+from threadline.stores._rules import check_session_id
 
 __all__ = ["DurableAgent", "PublishError", "Run", "RunInput", "open"]
 
@@ -111,24 +123,32 @@ async def open(
     compaction: CompactionPolicy | None = None,
     create: bool = True,
     approval: effects.ApprovalRule | None = None,
+    budget: Budget | None = None,
+    metadata: Mapping[str, Any] | MetadataChange | None = None,
+    title: TitleGenerator | None = None,
 ) -> DurableAgent:
-    """Resume the session ``session_id`` or create it (S2).
+    """Resume the session ``session_id`` or create it.
 
     With no ``session_id`` a new one is generated (``agent.session_id``).
     With ``create=False`` an unknown ``session_id`` raises ``SessionNotFound``
     instead of being created.
     Tool calls on the active path left without results by a crash get
-    synthesized "interrupted" results appended (S12) unless ``repair=False``;
-    calls the effect ledger tracks are left for ``continue_run`` (S20).
+    synthesized "interrupted" results appended unless ``repair=False``;
+    calls the effect ledger tracks are left for ``continue_run``.
     With ``compaction``, each run first compacts the session when its context
     is over the policy's threshold. ``approval(call)`` returning true or a
     reason holds that call for a human decision (on top of each tool's own
-    ``approval`` rule; ``docs/tools-with-side-effects.md``).
+    ``approval`` rule; ``docs/tools-with-side-effects.md``). With ``budget``,
+    every model call of a run is checked against the session's stored usage
+    first (``docs/usage.md``).
+    ``metadata`` (``title``, ``owner``, ``tenant``, ``labels``) is appended
+    as one change when it differs from the session's. With ``title``,
+    a session without a title gets one generated after its first exchange.
     """
     created = False
     session_id = new_id() if session_id is None else check_session_id(session_id)
     try:
-        entries = await store.load_entries(session_id)
+        entries = await load(store, session_id)
     except SessionNotFound:
         if not create:
             raise
@@ -138,10 +158,16 @@ async def open(
             created = True
         except SessionExists:
             # Another agent created it between our load and our create: resume it.
-            entries = await store.load_entries(session_id)
+            entries = await load(store, session_id)
     agent = DurableAgent(factory, store=store, session_id=session_id, entries=entries,
                          publisher=publisher, compaction=compaction, approval=approval,
-                         _opening=_OPENING)
+                         budget=budget, _opening=_OPENING)
+    agent._title = title
+    if metadata is not None:
+        change = opening_change(agent.metadata, metadata)
+        if change is not None:
+            async with agent._lock:
+                await agent._append([change_entry(change)])
     if repair:
         await agent._repair()
     if created:
@@ -162,6 +188,7 @@ class DurableAgent:
         publisher: PublisherLike | None = None,
         compaction: CompactionPolicy | None = None,
         approval: effects.ApprovalRule | None = None,
+        budget: Budget | None = None,
         _opening: object = None,
     ) -> None:
         if _opening is not _OPENING:
@@ -180,11 +207,13 @@ class DurableAgent:
         # Any thread, any event loop (S33): an asyncio.Lock would bind to the first.
         self._lock = AnyLoopLock()
         self._approval = approval
+        self._budget = budget
         self._synced_id: str | None = entries[-1].id if entries else None
         """The last entry known to be loaded in the store's own append order."""
         self._run_task: asyncio.Task[Any] | None = None
         """The task iterating the current run, if one is in progress."""
         self._run_owner: weakref.ref[Any] | None = None
+        self._title: TitleGenerator | None = None
         self.repaired: tuple[Entry, ...] = ()
         """Entries crash repair appended when this agent was opened."""
         self.diagnostics: tuple[str, ...] = tuple(getattr(entries, "diagnostics", ()))
@@ -240,7 +269,21 @@ class DurableAgent:
         """The model context built from the active path."""
         return build_context(self._tree.path())
 
+    @property
+    def metadata(self) -> SessionMetadata:
+        """The session's metadata as this agent loaded and changed it."""
+        return fold_metadata(self._tree.entries)
+
     # -- mutations -------------------------------------------------------------
+
+    async def set_metadata(
+        self, *, title: str | UnsetType | None = UNSET, owner: str | UnsetType | None = UNSET,
+        tenant: str | UnsetType | None = UNSET, labels: Mapping[str, str | None] | None = None,
+    ) -> Entry:
+        """Append one metadata change at the leaf: ``None`` clears a field or label,
+        a field left out keeps its value. Not published."""
+        change = metadata_change(title=title, owner=owner, tenant=tenant, labels=labels)
+        return (await self.append(change_entry(change)))[0]
 
     async def append(self, *items: Message | Entry) -> list[Entry]:
         """Append messages or entries at the leaf, chained one after another.
@@ -259,7 +302,7 @@ class DurableAgent:
         ``None`` makes the next append a new root. Nothing is written: the
         branch exists once something is appended to it. Refused while a run,
         append, fork or compaction is in flight, whose write would otherwise
-        move the leaf back (S27).
+        move the leaf back.
         """
         if self._run_task is not None:
             raise AgentError(
@@ -283,7 +326,7 @@ class DurableAgent:
         self, entry_id: str | None, *then: Message | Entry, summary: str = "",
         details: Any = None,
     ) -> list[Entry]:
-        """Move the leaf to ``entry_id`` and record the move in the log (S31).
+        """Move the leaf to ``entry_id`` and record the move in the log.
 
         Appends a ``BranchSummaryEntry`` as a child of ``entry_id`` (a new root
         for ``None``) naming the leaf it left, followed by ``then``, in one
@@ -313,10 +356,10 @@ class DurableAgent:
         return written
 
     async def append_linear(self, *items: Message | Entry) -> list[Entry]:
-        """Append after the log's last entry, whoever wrote it (S32).
+        """Append after the log's last entry, whoever wrote it.
 
         ``append`` grows the branch this agent has loaded, so two writers grow
-        siblings (S4). With a store that offers ``LinearStore``, this instead
+        siblings. With a store that offers ``LinearStore``, this instead
         chains the batch after the last entry in the store at the moment of the
         write, atomically, so every writer's batch lands on one path. The agent
         then ``refresh``-es, taking in what others appended; its leaf is the
@@ -370,7 +413,7 @@ class DurableAgent:
         return self._store
 
     async def fork(self, session_id: str | None = None) -> DurableAgent:
-        """Copy the active path into a new child session and return its agent (S10).
+        """Copy the active path into a new child session and return its agent.
 
         The child's record has ``parent_id`` set to this session. Entries get
         fresh ids, re-chained in order, each keeping ``origin_id`` = the id it
@@ -397,12 +440,13 @@ class DurableAgent:
             else:
                 done = []
             if copies and not done:
-                await self._store.append_entries(child_id, copies)
+                with trace.store_span("append", self._store, child_id, copies):
+                    await self._store.append_entries(child_id, copies)
             leaf_id = self._tree.leaf_id
         child = DurableAgent(self._factory, store=self._store, session_id=child_id,
                              entries=copies, publisher=self._publisher,
                              compaction=self._compaction, approval=self._approval,
-                             _opening=_OPENING)
+                             budget=self._budget, _opening=_OPENING)
         self._publish(
             [
                 SessionForked(session_id=self._session_id, child_id=child_id, leaf_id=leaf_id,
@@ -478,15 +522,23 @@ class DurableAgent:
         return await compact_agent(self, model, keep_recent_tokens=keep_recent_tokens,
                                    instructions=instructions, abort=abort)
 
-    def run(self, input: RunInput) -> Run:
-        """Run the loop on ``input``; iterate the result for events (S11).
+    def run(self, input: RunInput, *, abort: asyncio.Event | None = None,
+            observe: Callable[[RunEvent], None] | None = None) -> Run:
+        """Run the loop on ``input``; iterate the result for events.
 
         Every event is forwarded only after what it reports is stored:
         ``RunStarted`` after the input is appended, each ``MessageEnd`` as a
         ``StoredMessageEnd`` after its message is appended. If a store write
         fails, the event is not forwarded, the loop is cancelled and the error
         is raised to the consumer. Stopping early (``break``, ``aclose``, task
-        cancellation) aborts the loop and stores what it ended with.
+        cancellation) aborts the loop and stores what it ended with. Setting
+        ``abort`` winds the loop down the same way while the events keep
+        coming: the message streaming then ends ``aborted``, is stored and
+        reported, and ``AgentEnd`` follows (the run sets ``abort`` itself when
+        its consumer leaves). ``observe(event)`` is called with each event
+        (receipts once stored) in the run's own task, as it happens, and the
+        ``MessageUpdate`` events (stream deltas) go to it alone, not to the
+        iterator: a relay then costs no hand-off per delta. It must not block.
 
         The run holds the session until it ends: ``append``, ``fork`` and
         ``compact`` from other tasks wait for it, and from the task iterating
@@ -497,12 +549,24 @@ class DurableAgent:
         """
         factory = self._require_factory()
         messages = _as_messages(input)
-        return Run(lambda owner: self._run(factory, messages, owner))
+        return Run(lambda owner: self._run(factory, messages, owner, abort=abort,
+                                           observe=observe))
+
+    async def stop(self, run_id: str | None = None, *, reason: str = "",
+                   by: str = "") -> Entry | None:
+        """Ask the session's live run (``durable.LiveRuns``) to stop, from any process.
+
+        Appends a durable stop record for the active run (for ``run_id`` only if
+        that one is active); the process that owns the run sees it and ends the
+        run with stop reason ``stopped``, keeping what was generated as an
+        aborted message. Returns the record, or None when no such run is active.
+        """
+        return await request_stop(self._store, self._session_id, run_id, reason=reason, by=by)
 
     # -- durable tool execution (durable/_effects.py) --------------------------
 
     def continue_run(self) -> Run:
-        """Continue a run a crash or an approval cut short, in any process (S22).
+        """Continue a run a crash or an approval cut short, in any process.
 
         Reloads the session first (decisions made elsewhere count), then
         finishes the turn at the leaf: calls that never started run, in-doubt
@@ -514,7 +578,7 @@ class DurableAgent:
         return Run(lambda owner: self._run(factory, [], owner, resume=True))
 
     async def approve(self, call_id: str, *, reason: str = "", by: str = "") -> Entry:
-        """Approve a pending call (S23); the first decision in log order counts (S24).
+        """Approve a pending call; the first decision in log order counts.
 
         Raises ``ApprovalError`` if the call is not pending, ``DecisionConflict``
         if another process decided it first. Continue with ``continue_run()``.
@@ -538,9 +602,32 @@ class DurableAgent:
         return effects.call_states(self)
 
     async def _decide(self, call_id: str, *, approved: bool, reason: str, by: str) -> Entry:
+        """Append a decision for ``call_id``'s pending request under the first-decision rule."""
         self._check_not_inside_run("decide on")
         async with self._lock:
-            return await effects.decide(self, call_id, approved=approved, reason=reason, by=by)
+            await self._reload()
+            decision = effects.decision_for(self, call_id, approved=approved, reason=reason,
+                                            by=by)
+            (mine,) = await self._append([decision])
+            await self._reload()
+            effects.check_first(self, mine)
+            return mine
+
+    async def _reload(self) -> None:
+        """Take in what other processes appended; follow them if they extended our leaf.
+
+        The index is rebuilt in the store's order, which decides between decisions.
+        """
+        entries = await load(self._store, self._session_id)
+        leaf = self._tree.leaf_id
+        known = {e.id for e in self._tree}
+        tree = TreeIndex(entries, session_id=self._session_id)
+        for entry in entries:
+            if entry.id not in known and entry.parent_id == leaf:
+                leaf = entry.id
+        tree.set_leaf(leaf)
+        self._tree = tree
+        self._synced_id = entries[-1].id if entries else None  # what refresh reads after (S32)
 
     def _require_factory(self) -> Factory:
         if self._factory is None:
@@ -560,19 +647,15 @@ class DurableAgent:
             return []
         # Hold copies of what the store keeps, not the caller's objects: a
         # dict the caller mutates later must not change this agent's view.
-        append_checked = checked_append(self._store)
-        lines: list[bytes] | None = None
         if len(batch) > _CHECK_INLINE:  # long enough to stall the event loop
             batch = await asyncio.to_thread(stored_form, batch, session_id=self._session_id)
-        elif append_checked is not None:
-            batch, lines = self._checked(batch)
         else:
-            batch = _held_copies(batch, self._session_id)
+            batch = stored_form(batch, session_id=self._session_id)
         if not shielded:
-            await self._write(batch, lines, append_checked)
+            await self._write(batch)
             self._add(batch)
             return batch
-        write = asyncio.ensure_future(self._write(batch, lines, append_checked))
+        write = asyncio.ensure_future(self._write(batch))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -590,38 +673,13 @@ class DurableAgent:
         self._add(batch)
         return batch
 
-    def _checked(self, batch: list[Entry]) -> tuple[list[Entry], list[bytes]]:
-        """The copies to hold and the lines to store, from one check of each entry (S16, S40)."""
-        held: list[Entry] = []
-        lines: list[bytes] = []
-        for entry in batch:
-            line, copy = check_entry(entry, self._session_id)
-            lines.append(line)
-            held.append(copy)
-        return held, lines
-
-    async def _write(self, batch: list[Entry], lines: list[bytes] | None,
-                     append_checked: AppendChecked | None) -> None:
-        """Store ``batch`` (through ``append_checked`` with its ``lines``, if the store
-        takes checked entries), retrying (S25)."""
-        store, session_id = self._store, self._session_id
-        try:
-            if lines is None or append_checked is None:
-                await store.append_entries(session_id, batch)
-                return
-            waiting = append_checked(store, session_id, batch, lines)
-        except StoreUnavailable as exc:
-            await retry_append(store, session_id, batch, exc)
-            return
-        if waiting is not None:
-            await self._write_waiting(waiting, batch)
-
-    async def _write_waiting(self, waiting: Awaitable[None], batch: list[Entry]) -> None:
-        """Wait for a checked append the store could not make at once, retrying (S25)."""
-        try:
-            await waiting
-        except StoreUnavailable as exc:
-            await retry_append(self._store, self._session_id, batch, exc)
+    async def _write(self, batch: list[Entry]) -> None:
+        """Store ``batch``, retrying."""
+        with trace.store_span("append", self._store, self._session_id, batch):
+            try:
+                await self._store.append_entries(self._session_id, batch)
+            except StoreUnavailable as exc:
+                await retry_append(self._store, self._session_id, batch, exc)
 
     def _check_not_inside_run(self, verb: str) -> None:
         # The run holds the lock while its consumer handles an event; a
@@ -652,7 +710,8 @@ class DurableAgent:
 
     async def _run(
         self, factory: Factory, input: list[Message], owner: list[weakref.ref[Any]],
-        resume: bool = False,
+        resume: bool = False, *, abort: asyncio.Event | None = None,
+        observe: Callable[[RunEvent], None] | None = None,
     ) -> AsyncGenerator[RunEvent, None]:
         if self._compaction is not None and not resume:
             await maybe_compact(self, self._compaction, factory, input)
@@ -662,7 +721,7 @@ class DurableAgent:
             try:
                 turn: ResumeTurn | None = None
                 if resume:
-                    await effects.reload(self)
+                    await self._reload()
                     plan = effects.resume_plan(self)
                     if plan is None:
                         yield RunStarted(session_id=self._session_id, entries=())
@@ -676,7 +735,8 @@ class DurableAgent:
                 # The loop runs in its own task so that however the consumer
                 # leaves (break, aclose, cancellation) the loop only ever sees
                 # the abort signal, winds down, and its tail gets stored.
-                pump = _Pump(self, factory, context, input, input_entries, resume=turn)
+                pump = _Pump(self, factory, context, input, input_entries, resume=turn,
+                             abort=abort, observe=observe)
                 channel = pump.channel
                 items = channel.items
                 take = items.popleft
@@ -692,6 +752,11 @@ class DurableAgent:
                         await waiter
                 finally:
                     await pump.detach()
+                if self._title is not None and not resume:
+                    titled = await title_after_first_exchange(
+                        self._session_id, self.metadata, self.messages(), self._title)
+                    if titled is not None:
+                        await self._append([titled])
             finally:
                 self._run_task = self._run_owner = None
 
@@ -714,7 +779,7 @@ class DurableAgent:
             ) from first_error
 
     def watch(self, after: str | None = None) -> AsyncIterator[Entry]:
-        """Follow this session as any agent, in any process, appends to it (S26).
+        """Follow this session as any agent, in any process, appends to it.
 
         The entries after entry ``after`` (None: from the first), then new
         ones as they are stored; see ``WatchableStore.watch``. This agent's
@@ -745,8 +810,11 @@ class _Pump:
         input_entries: list[Entry],
         *,
         resume: ResumeTurn | None,
+        abort: asyncio.Event | None = None,
+        observe: Callable[[RunEvent], None] | None = None,
     ) -> None:
         self._agent = agent
+        self._observe = observe
         self._tree, self._session_id = agent._tree, agent._session_id
         self._resume = resume
         self._ledger: effects.Ledger | None = None
@@ -755,12 +823,15 @@ class _Pump:
         self._plain: effects.PlainGate | None = None
         self._tools: dict[str, Tool] = {}
         self._untracked: dict[str, Tool] = {}
-        self._abort = asyncio.Event()
-        self._append_checked = checked_append(agent._store)
+        self._abort = asyncio.Event() if abort is None else abort
         self.channel: Channel[RunEvent] = Channel(_QUEUE_SIZE)
         self._pending_input = list(input_entries)
         self._detached = False
-        self._task = asyncio.create_task(self._main(factory, context, input))
+        main = self._main(factory, context, input)
+        self._span: list[Any] = []
+        if trace.tracer() is not None:
+            main = traced_run(main, self._session_id, agent._store, input_entries, self._span)
+        self._task = asyncio.create_task(main)
 
     async def detach(self) -> None:
         """The consumer is done: abort the loop if it still runs and wait for its tail."""
@@ -784,21 +855,31 @@ class _Pump:
     def _events(self, factory: Factory, context: list[Message],
                 input: list[Message]) -> AsyncIterator[AgentEvent]:
         loop = factory()
+        agent = self._agent
+        budget = agent._budget
+        check = None if budget is None else model_check(
+            BudgetTracker(budget, agent._store, agent._session_id), agent._append)
         if isinstance(loop, AgentLoop):
-            approval = self._agent._approval
+            approval = agent._approval
+            # A lambda, not the bound method: a reload replaces the tree.
+            blobs = blob_reader(agent._store, self._session_id,
+                                lambda: agent._tree.path())  # noqa: PLW0108
             if self._resume is None and effects.nothing_to_track(loop.tools, approval):
                 gate = effects.PlainGate()
                 self._plain, self._tools, self._untracked = gate, loop.tools, dict(loop.tools)
-                return loop.run(context, input, abort=self._abort, gate=gate)
-            self._ledger = effects.Ledger(self._agent, loop.tools, approval)
+                return loop.run(context, input, abort=self._abort, gate=gate, blobs=blobs,
+                                before_model=check)
+            self._ledger = effects.Ledger(agent, agent._append, loop.tools, approval)
             return loop.run(context, input, abort=self._abort, gate=self._ledger,
-                            resume=self._resume)
+                            resume=self._resume, blobs=blobs, before_model=check)
         if self._resume is not None:
             raise AgentError(
                 f"session {self._agent.session_id!r}: continue_run() needs a loop that runs "
                 f"tools itself (durable.model); {type(loop).__name__} cannot finish "
                 "the calls left open"
             )
+        if check is not None:  # a loop with no hook: checked once, before it starts
+            return checked_first(check, loop.run(context, input, abort=self._abort), input)
         return loop.run(context, input, abort=self._abort)
 
     async def _main(self, factory: Factory, context: list[Message], input: list[Message]) -> None:
@@ -809,9 +890,13 @@ class _Pump:
         limit = channel.limit
         try:
             events = self._events(factory, context, input)
+            events = events if not self._span else traced_events(events, self._span[0])
+            events = events if self._observe is None else _observed(events, self._observe)
             ledger = self._ledger
             # Channel.put inline: this runs for every event of the run. Once
             # the consumer left, what is put is dropped when the buffer fills.
+            observe = self._observe
+            put = put if observe is None else _observing(put, observe)
             async for event in events:
                 if isinstance(event, MessageEnd):
                     receipt = self._store(event.message)
@@ -841,7 +926,7 @@ class _Pump:
 
     def _store(self, message: Message, *, plain: bool = False
                ) -> StoredMessageEnd | Awaitable[StoredMessageEnd]:
-        """Store ``message`` and give its receipt (S11), or an awaitable of it.
+        """Store ``message`` and give its receipt, or an awaitable of it.
 
         The usual message, one entry on a store that takes it at once (the
         memory store), is stored here, without a coroutine; the run's input
@@ -858,22 +943,11 @@ class _Pump:
         tree, store, session_id = self._tree, self._agent._store, self._session_id
         entry = MessageEntry(id=new_id(), parent_id=tree.leaf_id, timestamp=utcnow(),
                              message=message)
-        append_checked = self._append_checked
-        if append_checked is None:
-            held = _held_copy(entry, session_id)
-            return self._stored_after(store.append_entries(session_id, (held,)), message, held)
-        # One check gives the copy held and the line stored.
-        line, held = check_entry(entry, session_id)
-        written = (held,)
-        try:
-            waiting = append_checked(store, session_id, written, (line,))
-        except StoreUnavailable as exc:
-            return self._stored_after(retry_append(store, session_id, written, exc), message,
-                                      held, retrying=True)
-        if waiting is not None:
-            return self._stored_after(waiting, message, held)
-        tree.add(held)
-        return StoredMessageEnd(message, written)
+        # One check gives the copy held; the store checks what it is given.
+        held = check_entry(entry, session_id)[1]
+        if trace.tracer() is not None:
+            return self._stored_after(traced_append(store, session_id, held), message, held)
+        return self._stored_after(store.append_entries(session_id, (held,)), message, held)
 
     async def _stored_after(self, write: Awaitable[None], message: Message, held: Entry,
                             *, retrying: bool = False) -> StoredMessageEnd:
@@ -915,7 +989,8 @@ class _Pump:
         if effects.nothing_to_track(tools, approval):
             self._untracked = dict(tools)
             return None
-        self._ledger = gate.ledger = effects.Ledger(self._agent, tools, approval)
+        self._ledger = gate.ledger = effects.Ledger(self._agent, self._agent._append, tools,
+                                                    approval)
         self._plain = None
         return self._ledger
 
@@ -998,94 +1073,6 @@ def _chained(items: Sequence[Message | Entry], parent: str | None) -> list[Entry
     return batch
 
 
-_copy_encoder = msgspec.msgpack.Encoder()
-_message_copier = msgspec.msgpack.Decoder(MessageEntry)
-
-
-def _held_copies(batch: list[Entry], session_id: str) -> list[Entry]:
-    """Copies of ``batch`` for the agent to hold and the store to check (S16, S40).
-
-    A run appends one message entry per message. Most need no copy or a
-    shallow one (see ``_light_copy``). Otherwise a typed MessagePack round
-    trip copies it in a third of ``stored_form``'s time (which encodes,
-    decodes and re-encodes to check it). The copy is used only if it equals
-    the entry, so nothing the round trip would change slips through: the
-    store still refuses (``InvalidEntry``) what JSON cannot carry exactly.
-    Anything else goes through ``stored_form``.
-    """
-    return [_held_copy(entry, session_id) for entry in batch]
-
-
-def _held_copy(entry: Entry, session_id: str) -> Entry:
-    if type(entry) is MessageEntry:
-        light = _light_copy(entry)
-        if light is not None:
-            return light
-        try:
-            copy = _message_copier.decode(_copy_encoder.encode(entry))
-        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
-            pass  # stored_form names the problem
-        else:
-            if copy == entry:
-                return copy
-    return stored_form([entry], session_id=session_id)[0]
-
-
-_SCALARS = frozenset({type(None), str, int, float, bool})
-
-
-def _light_copy(entry: MessageEntry) -> MessageEntry | None:
-    """The entry as it is if nothing in it can change, or with copies of its flat dicts.
-
-    Message structs are frozen and their typed fields hold strings, numbers
-    and tuples of frozen parts. A value of another type in them cannot pass
-    the store's check (S16), and the entry is held only once the store took
-    it. What can change is untyped: tool call ``arguments`` and a result's
-    ``details``. Scalar details need nothing; a flat dict (string keys,
-    scalar values, as a model sends arguments) is copied with ``dict``, a
-    tenth of the round trip's time, leaving nothing shared that can change.
-    None (anything nested, other keys) takes the round trip. A scalar JSON
-    cannot carry exactly (NaN) is the store's to refuse.
-    """
-    message = entry.message
-    if type(message.content) is not tuple:
-        return None
-    replace = msgspec.structs.replace
-    if type(message) is UserMessage:
-        return entry
-    if type(message) is ToolResultMessage:
-        details = message.details
-        if type(details) in _SCALARS:
-            return entry
-        copied = _flat_copy(details)
-        if copied is None:
-            return None
-        return replace(entry, message=replace(message, details=copied))
-    if type(message) is not AssistantMessage:
-        return None
-    parts: list[Any] | None = None
-    for i, part in enumerate(message.content):
-        if type(part) is ToolCall:
-            arguments = _flat_copy(part.arguments)
-            if arguments is None:
-                return None
-            if parts is None:
-                parts = list(message.content)
-            parts[i] = replace(part, arguments=arguments)
-    if parts is None:
-        return entry
-    return replace(entry, message=replace(message, content=tuple(parts)))
-
-
-def _flat_copy(value: Any) -> dict[str, Any] | None:
-    if type(value) is not dict:
-        return None
-    for key, item in value.items():
-        if type(key) is not str or type(item) not in _SCALARS:
-            return None
-    return dict(value)
-
-
 def _calls_tools(message: AssistantMessage) -> bool:
     # ``message.tool_calls`` builds a tuple, any() a generator; this only looks.
     for part in message.content:  # noqa: SIM110
@@ -1123,6 +1110,28 @@ def _rechain(path: Sequence[Entry]) -> list[Entry]:
         out.append(copy)
         parent = new
     return out
+
+
+async def _observed(events: AsyncIterator[AgentEvent],
+                    observe: Callable[[RunEvent], None]) -> AsyncIterator[AgentEvent]:
+    """``events``, the stream deltas handed to ``observe`` instead (no hand-off each)."""
+    try:
+        async for event in events:
+            if type(event) is MessageUpdate:
+                observe(event)
+            else:
+                yield event
+    finally:
+        await _aclose(events)
+
+
+def _observing(put: Callable[[RunEvent], None],
+               observe: Callable[[RunEvent], None]) -> Callable[[RunEvent], None]:
+    def observed(event: RunEvent) -> None:
+        observe(event)
+        put(event)
+
+    return observed
 
 
 async def _aclose(events: AsyncIterator[AgentEvent]) -> None:

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
+from threadline.ai import _trace as trace
 from threadline.ai._messages import (
     AssistantMessage,
+    BlobPart,
     ImagePart,
     Message,
     TextPart,
@@ -40,6 +42,7 @@ from threadline.ai._messages import (
     UserMessage,
 )
 from threadline.ai._model import DoneEvent, ErrorEvent, LanguageModel, Request, StreamOptions
+from threadline.durable._usage import compaction_details
 from threadline.errors import ConfigError, ModelError
 from threadline.session._context import build_context, model_view, visible_entries
 from threadline.session._entries import CompactionEntry, Entry, MessageEntry
@@ -104,8 +107,11 @@ def estimate_tokens(message: Message) -> int:
     for part in message.content:
         if isinstance(part, TextPart):
             size += _bytes(part.text)
-        elif isinstance(part, ImagePart):
+        elif isinstance(part, ImagePart) or (
+                isinstance(part, BlobPart) and part.media_type.startswith("image/")):
             images += 1
+        elif isinstance(part, BlobPart):
+            size += part.size  # a file a provider sends inline costs about its size
         elif isinstance(part, ThinkingPart):
             size += _bytes(part.thinking)
         elif isinstance(part, ToolCall):
@@ -297,6 +303,9 @@ def _content_text(parts: Sequence[Any]) -> str:
             out.append(p.text)
         elif isinstance(p, ImagePart):
             out.append(f"[image: {p.mime_type}]")
+        elif isinstance(p, BlobPart):
+            out.append(f"[attachment: {p.media_type}, {p.size:,} bytes"
+                       + (f", {p.name}]" if p.name else "]"))
     return "\n".join(out)
 
 
@@ -364,9 +373,24 @@ async def summarize(
     Raises the model's typed ``ModelError`` when the stream fails, is aborted,
     or yields an empty summary.
     """
+    return (await _summarize(model, messages, previous_summary=previous_summary,
+                             instructions=instructions, abort=abort)).text.strip()
+
+
+async def _summarize(
+    model: LanguageModel,
+    messages: Sequence[Message],
+    *,
+    previous_summary: str | None,
+    instructions: str | None,
+    abort: asyncio.Event | None,
+) -> AssistantMessage:
+    """``summarize``, giving the model's whole reply (its usage is stored with the entry)."""
     request = _summary_request(messages, previous_summary, instructions)
     info = model.info
     final: AssistantMessage | None = None
+    error: BaseException | None = None
+    span = trace.model_span(info.provider, info.id, request.messages, request.system)
     stream = model.stream(request, StreamOptions(abort=abort))
     try:
         async for event in stream:
@@ -379,12 +403,15 @@ async def summarize(
             if isinstance(event, DoneEvent):
                 final = event.message
                 break
-    except ModelError:
+    except ModelError as exc:
+        error = exc
         raise
     except Exception as exc:
+        error = exc
         raise ModelError(f"summary request failed: {type(exc).__name__}: {exc}",
                          provider=info.provider, model=info.id) from exc
     finally:
+        trace.end_model_span(span, final or AssistantMessage(stop_reason="error"), error)
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -395,7 +422,7 @@ async def summarize(
     if not summary:
         raise ModelError("the model returned an empty summary",
                          provider=info.provider, model=info.id)
-    return summary
+    return final
 
 
 # -- driving a durable agent ---------------------------------------------------
@@ -457,8 +484,10 @@ async def compact_agent(
     if plan is None:
         return None
     try:
-        summary = await summarize(model, plan.messages, previous_summary=plan.previous_summary,
-                                  instructions=instructions, abort=abort)
+        with trace.conversation(agent.session_id):
+            reply = await _summarize(model, plan.messages,
+                                     previous_summary=plan.previous_summary,
+                                     instructions=instructions, abort=abort)
     except ModelError as exc:
         exc.add_note(f"while summarising session {agent.session_id!r} for compaction; "
                      "nothing was appended")
@@ -473,9 +502,11 @@ async def compact_agent(
         "keep_recent_tokens": keep_recent_tokens,
         "summarized_messages": len(plan.messages),
         "model": f"{info.provider}:{info.id}",
+        **compaction_details(reply.provider or info.provider, reply.model or info.id,
+                             reply.usage),
         **(details or {}),
     }
-    return await agent.compact(summary, plan.first_kept_entry_id,
+    return await agent.compact(reply.text.strip(), plan.first_kept_entry_id,
                                tokens_before=plan.tokens_before.tokens, details=record)
 
 

@@ -1,4 +1,4 @@
-"""Durable tool execution (S19-S24): the effect ledger, replay, resume, approvals.
+"""Durable tool execution: the effect ledger, replay, resume, approvals.
 
 A tool call's life is written as custom entries between its assistant message
 and its result, so every store keeps them unchanged and the model never sees
@@ -6,18 +6,18 @@ them:
 
 - ``threadline.tool_plan``, in the same append as the assistant message: the
   calls the ledger tracks (tools that declare side effects, calls that need
-  approval). Crash repair leaves tracked calls to ``continue_run`` (S20).
+  approval). Crash repair leaves tracked calls to ``continue_run``.
 - ``threadline.approval_requested``, in that same append, for each call a
-  rule holds for a human (S23).
+  rule holds for a human.
 - ``threadline.approval_decided``: ``approve`` / ``deny``, from any process.
   The first decision for a request in log order counts; a later one is kept
-  but inert, and the call that wrote it gets ``DecisionConflict`` (S24).
+  but inert, and the call that wrote it gets ``DecisionConflict``.
 - ``threadline.tool_started``: one durable append right before a tracked
-  tool's function runs, carrying the call's idempotency key (S19).
+  tool's function runs, carrying the call's idempotency key.
 
-On ``continue_run`` (S22) the open calls of the stored turn at the leaf are
-classified (S20): never started ones run; in-doubt ones (started, no result)
-follow their tool's ``replay`` policy (S21): ``"safe"`` runs again with the
+On ``continue_run`` the open calls of the stored turn at the leaf are
+classified: never started ones run; in-doubt ones (started, no result)
+follow their tool's ``replay`` policy: ``"safe"`` runs again with the
 same key, ``"never"`` asks ``reconcile(key)`` or gets an "outcome unknown"
 result. Every call still gets exactly one result.
 """
@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 import msgspec
 
@@ -45,14 +45,18 @@ from threadline.ai._messages import (
 )
 from threadline.ai._tools import Tool, ToolContext, ToolResult
 from threadline.durable._events import ApprovalRequested, RunEvent, ToolCallInDoubt
-from threadline.errors import AgentError, ApprovalError, DecisionConflict, SessionNotFound
+from threadline.errors import (
+    AgentError,
+    ApprovalError,
+    DecisionConflict,
+    SessionNotFound,
+    StoreError,
+    ThreadlineError,
+)
 from threadline.session._context import build_context
 from threadline.session._entries import CustomEntry, Entry, MessageEntry, register_custom
-from threadline.session._store import Store
 from threadline.session._tree import TreeIndex, TreeView
-
-if TYPE_CHECKING:
-    from threadline.durable._agent import DurableAgent
+from threadline.stores._contract import Store
 
 __all__ = [
     "APPROVAL_DECIDED",
@@ -65,7 +69,9 @@ __all__ = [
     "CallState",
     "Ledger",
     "PendingApproval",
+    "PendingApprovals",
     "PlainGate",
+    "SessionView",
     "ToolPlan",
     "ToolStarted",
     "describe_record",
@@ -115,6 +121,30 @@ register_custom(APPROVAL_DECIDED, ApprovalDecision)
 ApprovalRule: TypeAlias = Callable[[ToolCall], Any]
 """Agent-wide rule: given a call, true or a reason string to hold it for approval."""
 
+
+class SessionView(Protocol):
+    """What the ledger reads of the durable agent it serves: the session as loaded.
+
+    The ledger changes nothing in it. What it writes goes through the
+    ``Append`` it is handed; taking in what other processes wrote is the
+    agent's own business (it reloads before and after a decision).
+    """
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def leaf_id(self) -> str | None: ...
+
+    @property
+    def tree(self) -> TreeView: ...
+
+    def path(self) -> list[Entry]: ...
+
+
+Append: TypeAlias = Callable[[Sequence[Entry]], Awaitable[list[Entry]]]
+"""Stores entries chained after the leaf, which moves to the last; gives them as stored."""
+
 Status: TypeAlias = Literal[
     "answered", "awaiting_approval", "denied", "never_started", "in_doubt"
 ]
@@ -143,7 +173,7 @@ class PendingApproval:
 
 @dataclass(frozen=True, slots=True)
 class CallState:
-    """What the log says about one call of the turn at the leaf (S20)."""
+    """What the log says about one call of the turn at the leaf."""
 
     call: ToolCall
     status: Status
@@ -305,12 +335,12 @@ def _call_state(turn: _Turn, call: ToolCall, index: _Index, tables: _Tables) -> 
                      attempts, request, decision)
 
 
-def call_states(agent: DurableAgent) -> list[CallState]:
-    """The calls of the turn at the agent's leaf, classified (S20)."""
-    turn = _tip(agent.tree)
+def call_states(session: SessionView) -> list[CallState]:
+    """The calls of the turn at the leaf, classified."""
+    turn = _tip(session.tree)
     if turn is None or turn.message.stop_reason in ("error", "aborted"):
         return []
-    return _states(agent.session_id, turn, _index_for(agent.tree, turn))
+    return _states(session.session_id, turn, _index_for(session.tree, turn))
 
 
 _NO_INDEX = _Index(())
@@ -337,32 +367,38 @@ def held_calls(path: Sequence[Entry]) -> set[str]:
     return held
 
 
-def check_settled(agent: DurableAgent) -> None:
+def check_settled(session: SessionView) -> None:
     """A new run may not leave tracked calls at the leaf behind unanswered."""
-    open_calls = [s for s in call_states(agent) if s.tracked and s.status != "answered"]
+    open_calls = [s for s in call_states(session) if s.tracked and s.status != "answered"]
     if open_calls:
         names = ", ".join(f"{s.call.id} ({s.status.replace('_', ' ')})" for s in open_calls)
         raise AgentError(
-            f"session {agent.session_id!r} has tool calls left open at its leaf: {names}; "
-            "decide pending approvals with approve()/deny() and continue with continue_run() first"
+            f"session {session.session_id!r} has tool calls left open at its leaf: {names}; "
+            "decide the pending approvals and continue that run first"
         )
 
 
-def pending(agent: DurableAgent) -> list[PendingApproval]:
-    return [_pending(agent.session_id, s) for s in call_states(agent)
+def pending(session: SessionView) -> list[PendingApproval]:
+    return [_pending(session.session_id, s) for s in call_states(session)
             if s.status == "awaiting_approval"]
 
 
-def in_doubt(agent: DurableAgent) -> list[CallState]:
+def in_doubt(session: SessionView) -> list[CallState]:
     """Calls whose effect may or may not have happened: still open, or answered "unknown"."""
-    out = [s for s in call_states(agent) if s.status == "in_doubt"]
-    index = _Index(agent.tree)
+    out = [s for s in call_states(session) if s.status == "in_doubt"]
+    index = _Index(session.tree)
     started: dict[str, str] = {}  # call id -> key, of started records on the path
-    for entry in agent.path():
+    calls: dict[str, ToolCall] = {}  # call id -> the latest call on the path with that id
+    for entry in session.path():
         record = _record(entry, TOOL_STARTED)
         if record is not None:
             started[record.call_id] = record.idempotency_key
-        if not (isinstance(entry, MessageEntry) and isinstance(entry.message, ToolResultMessage)):
+        if not isinstance(entry, MessageEntry):
+            continue
+        if isinstance(entry.message, AssistantMessage):
+            calls.update((c.id, c) for c in entry.message.tool_calls)
+            continue
+        if not isinstance(entry.message, ToolResultMessage):
             continue
         result = entry.message
         details = result.details if isinstance(result.details, dict) else {}
@@ -372,7 +408,10 @@ def in_doubt(agent: DurableAgent) -> list[CallState]:
             result.synthesized is not None and result.tool_call_id in started)
         if unknown:
             key = str(details.get("idempotency_key") or started.get(result.tool_call_id, ""))
-            call = ToolCall(id=result.tool_call_id, name=result.tool_name)
+            # The call as the model made it, arguments included: an operator
+            # needs to see which order, and how much.
+            call = calls.get(result.tool_call_id) or ToolCall(id=result.tool_call_id,
+                                                              name=result.tool_name)
             out.append(CallState(call, "answered", key, True, index.started.get(key, 0)))
     return out
 
@@ -385,14 +424,32 @@ def _pending(session_id: str, state: CallState) -> PendingApproval:
                            data.reason, request.id, request.timestamp)
 
 
+class PendingApprovals(list[PendingApproval]):
+    """The calls ``pending_approvals`` found, plus the sessions it could not read.
+
+    ``problems`` holds one ``StoreError`` per session that could not be
+    looked at (a log the store cannot load, a log whose tree the ledger
+    cannot follow, a named session that does not exist), each naming its
+    session in ``session_id``: one odd session never hides the others'
+    approvals.
+    """
+
+    __slots__ = ("problems",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problems: list[StoreError] = []
+
+
 async def pending_approvals(store: Store, session_ids: Sequence[str] | None = None
-                            ) -> list[PendingApproval]:
+                            ) -> PendingApprovals:
     """Calls awaiting a decision at the leaf of each session (all listed ones by default)."""
+    named = session_ids is not None
     if session_ids is None:
         lister = getattr(store, "list_sessions", None)
         if lister is None:
             raise AgentError(
-                f"{type(store).__name__} cannot list sessions; pass session_ids explicitly"
+                f"{type(store).__name__} cannot list sessions; name the sessions to look in"
             )
         session_ids = []
         cursor: str | None = None
@@ -402,46 +459,40 @@ async def pending_approvals(store: Store, session_ids: Sequence[str] | None = No
             cursor = page.next_cursor
             if cursor is None:
                 break
-    out: list[PendingApproval] = []
+    out = PendingApprovals()
     for sid in session_ids:
         try:
             entries = await store.load_entries(sid)
-        except SessionNotFound:
-            continue
-        tree = TreeIndex(entries, session_id=sid)
-        turn = _tip(tree)
-        if turn is None:
-            continue
-        out.extend(_pending(sid, s) for s in _states(sid, turn, _Index(entries))
-                   if s.status == "awaiting_approval")
+            tree = TreeIndex(entries, session_id=sid)
+            turn = _tip(tree)
+            if turn is None:
+                continue
+            out.extend(_pending(sid, s) for s in _states(sid, turn, _Index(entries))
+                       if s.status == "awaiting_approval")
+        except SessionNotFound as exc:
+            if named:  # a listed session deleted since is simply gone
+                out.problems.append(exc)
+        except StoreError as exc:
+            out.problems.append(exc)
+        except ThreadlineError as exc:  # an entry whose parent is not in the log, ...
+            problem = StoreError(f"session {sid!r}: the log cannot be followed to its leaf: "
+                                 f"{exc}", session_id=sid)
+            problem.__cause__ = exc
+            out.problems.append(problem)
     return out
 
 
-async def reload(agent: DurableAgent) -> None:
-    """Take in what other processes appended; follow them if they extended our leaf.
+def decision_for(session: SessionView, call_id: str, *, approved: bool, reason: str,
+                 by: str) -> CustomEntry[ApprovalDecision]:
+    """The entry deciding ``call_id``'s pending request, to append at the leaf.
 
-    The index is rebuilt in the store's order, which decides between decisions.
+    ``session`` is just reloaded; a call that is not pending gets ``ApprovalError``.
     """
-    entries = await agent.store.load_entries(agent.session_id)
-    leaf = agent.tree.leaf_id
-    known = {e.id for e in agent.tree}
-    tree = TreeIndex(entries, session_id=agent.session_id)
-    for entry in entries:
-        if entry.id not in known and entry.parent_id == leaf:
-            leaf = entry.id
-    tree.set_leaf(leaf)
-    agent._tree = tree
-    agent._synced_id = entries[-1].id if entries else None  # what refresh reads after (S32)
-
-
-async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: str,
-                 by: str) -> CustomEntry[Any]:
-    """Append a decision for ``call_id``'s pending request (S23) under the rule of S24."""
-    await reload(agent)
-    states = [s for s in call_states(agent) if s.call.id == call_id]
-    sid = agent.session_id
+    states = [s for s in call_states(session) if s.call.id == call_id]
+    sid = session.session_id
     if not states or states[0].request is None:
-        raise ApprovalError(f"session {sid!r}: call {call_id!r} {_why_not_pending(agent, call_id)}")
+        raise ApprovalError(
+            f"session {sid!r}: call {call_id!r} {_why_not_pending(session, call_id)}")
     state = states[0]
     request = state.request
     assert request is not None
@@ -450,31 +501,37 @@ async def decide(agent: DurableAgent, call_id: str, *, approved: bool, reason: s
                             f"{_verdict(state.decision)} (entry {state.decision.id})")
     if state.status == "answered":
         raise ApprovalError(f"session {sid!r}: call {call_id!r} already has a result")
-    decision = ApprovalDecision(call_id=call_id, request_id=request.id, approved=approved,
-                                reason=reason, by=by)
-    (mine,) = await agent._append([CustomEntry(kind=APPROVAL_DECIDED, data=decision)])
+    return CustomEntry(kind=APPROVAL_DECIDED, data=ApprovalDecision(
+        call_id=call_id, request_id=request.id, approved=approved, reason=reason, by=by))
+
+
+def check_first(session: SessionView, mine: Entry) -> None:
+    """``DecisionConflict`` unless ``mine``, a stored decision, is its request's first.
+
+    ``session`` is reloaded after ``mine`` was stored: another process may
+    have decided between the load and the append, and the log's order is
+    the same for every reader.
+    """
     assert isinstance(mine, CustomEntry)
-    # Another process may have decided between our load and our append. Log
-    # order is total, so reading back settles who was first.
-    await reload(agent)
-    winner = _Index(agent.tree).decisions[request.id]
+    data: ApprovalDecision = mine.data
+    winner = _Index(session.tree).decisions[data.request_id]
     if winner.id != mine.id:
         raise DecisionConflict(
-            f"session {sid!r}: call {call_id!r} was {_verdict(winner)} first (entry "
-            f"{winner.id}); this decision is recorded as entry {mine.id} but has no effect",
+            f"session {session.session_id!r}: call {data.call_id!r} was {_verdict(winner)} "
+            f"first (entry {winner.id}); this decision is recorded as entry {mine.id} but "
+            "has no effect",
             winner,
         )
-    return mine
 
 
-def _why_not_pending(agent: DurableAgent, call_id: str) -> str:
+def _why_not_pending(session: SessionView, call_id: str) -> str:
     """Why a call outside the turn at the leaf cannot be decided, for the error."""
-    request = next((e for e in reversed(agent.path())
+    request = next((e for e in reversed(session.path())
                     if (r := _record(e, APPROVAL_REQUESTED)) is not None
                     and r.call_id == call_id), None)
     if request is None:
-        return "has no approval request at the leaf (see pending_approvals())"
-    decision = _Index(agent.tree).decisions.get(request.id)
+        return "has no approval request at the leaf"
+    decision = _Index(session.tree).decisions.get(request.id)
     settled = f"was already {_verdict(decision)} (entry {decision.id})" if decision else \
         "was answered without a decision"
     return f"{settled}, and the conversation has moved on"
@@ -508,7 +565,7 @@ class _PlainTurn:
 
 
 def nothing_to_track(tools: dict[str, Tool], rule: ApprovalRule | None) -> bool:
-    """Whether a fresh run of these tools needs no ledger, only a ``PlainGate`` (S41).
+    """Whether a fresh run of these tools needs no ledger, only a ``PlainGate``.
 
     True when no call can be tracked (no agent-wide rule; no tool with side
     effects or an approval rule) and no tool can see its ``ToolContext``
@@ -563,9 +620,10 @@ class PlainGate:
 class Ledger:
     """The ``ToolGate`` a durable run gives its loop: writes and reads the records."""
 
-    def __init__(self, agent: DurableAgent, tools: dict[str, Tool],
+    def __init__(self, session: SessionView, append: Append, tools: dict[str, Tool],
                  rule: ApprovalRule | None) -> None:
-        self._agent = agent
+        self._session = session
+        self._append = append
         self._tools = tools
         self._rule = rule
         self._index: _Index | None = None
@@ -617,7 +675,7 @@ class Ledger:
             if request is not None:
                 assert isinstance(entry, CustomEntry)
                 self.notices.append(ApprovalRequested(
-                    session_id=self._agent.session_id, call_id=request.call_id,
+                    session_id=self._session.session_id, call_id=request.call_id,
                     tool_name=request.tool_name, arguments=dict(request.arguments),
                     reason=request.reason, entry=entry))
 
@@ -641,7 +699,7 @@ class Ledger:
         return None
 
     def _state(self, call: ToolCall) -> CallState | None:
-        turn = _tip(self._agent.tree)
+        turn = _tip(self._session.tree)
         if turn is None:
             return None
         made = next((c for c in turn.message.tool_calls if c.id == call.id), None)
@@ -649,7 +707,7 @@ class Ledger:
             return None
         tables = _Tables(turn)
         if self._index is None and (tables.tracked or tables.requests):
-            self._index = _Index(self._agent.tree)
+            self._index = _Index(self._session.tree)
         return _call_state(turn, made, self._index or _NO_INDEX, tables)
 
     def _untracked_turn(self) -> _PlainTurn | None:
@@ -659,11 +717,11 @@ class Ledger:
         calls), only give them their keys. Worked out once per leaf: such a
         turn writes nothing, so its calls all find the same leaf.
         """
-        leaf = self._agent.leaf_id
+        leaf = self._session.leaf_id
         cached = self._plain
         if cached is not None and cached[0] == leaf:
             return cached[1]
-        turn = _tip(self._agent.tree)
+        turn = _tip(self._session.tree)
         plain = None
         # Nothing after its message (the turn the run just stored): no plan, no request.
         if turn is not None and (not turn.after or not (turn.tracked() or turn.requests())):
@@ -718,11 +776,11 @@ class Ledger:
 
     def _notice(self, state: CallState, outcome: Any) -> None:
         self.notices.append(ToolCallInDoubt(
-            session_id=self._agent.session_id, call_id=state.call.id,
+            session_id=self._session.session_id, call_id=state.call.id,
             tool_name=state.call.name, idempotency_key=state.idempotency_key, outcome=outcome))
 
     async def begin(self, call: ToolCall, tool: Tool) -> ToolContext:
-        sid = self._agent.session_id
+        sid = self._session.session_id
         plain = self._untracked_turn()
         if plain is not None and self._index is None and call.id in plain.call_ids:
             # Nothing is recorded for it, and no started record can name its key;
@@ -743,7 +801,7 @@ class Ledger:
             # records must stay on one path. The run holds the agent's lock,
             # so the ledger's appends are the only ones in flight.
             async with self._lock:
-                written = await self._agent._append([record])
+                written = await self._append([record])
             if self._index is not None:
                 for entry in written:
                     self._index.add(entry)
@@ -752,14 +810,14 @@ class Ledger:
                            attempt=attempt)
 
 
-def resume_plan(agent: DurableAgent) -> tuple[list[Message], ResumeTurn | None] | None:
+def resume_plan(session: SessionView) -> tuple[list[Message], ResumeTurn | None] | None:
     """What ``continue_run`` continues from: (context, turn to finish), or None if nothing.
 
     The context leaves out the synthesized results ``build_context`` would put
     in for the calls still to be answered; the loop appends their real ones.
     """
-    path = agent.path()
-    turn = _tip(agent.tree)
+    path = session.path()
+    turn = _tip(session.tree)
     context = build_context(path)
     if turn is None:
         last = next((e for e in reversed(path) if isinstance(e, MessageEntry)), None)
@@ -769,7 +827,7 @@ def resume_plan(agent: DurableAgent) -> tuple[list[Message], ResumeTurn | None] 
     message = turn.message
     if message.stop_reason in ("error", "aborted") or not message.tool_calls:
         return None
-    states = call_states(agent)
+    states = call_states(session)
     open_calls = [s.call for s in states if s.status != "answered"]
     if not open_calls:
         return context, None  # every call answered: the model's next turn is due

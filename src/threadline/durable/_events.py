@@ -1,4 +1,4 @@
-"""What the durable agent reports: run receipts (S11) and lifecycle events (S13)."""
+"""What the durable agent reports: run receipts and lifecycle events."""
 
 from __future__ import annotations
 

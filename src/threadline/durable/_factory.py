@@ -1,4 +1,4 @@
-"""Factories: how a durable agent gets its inner loop for each run (S3)."""
+"""Factories: how a durable agent gets its inner loop for each run."""
 
 from __future__ import annotations
 

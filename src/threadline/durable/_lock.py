@@ -1,4 +1,4 @@
-"""A mutual-exclusion lock for coroutines on any thread and event loop (S33).
+"""A mutual-exclusion lock for coroutines on any thread and event loop.
 
 ``asyncio.Lock`` belongs to the loop that first waits on it and is not safe
 across threads: an agent shared by threads that each run their own loop (the

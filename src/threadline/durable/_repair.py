@@ -1,4 +1,4 @@
-"""Crash repair (S12): answer tool calls a crash left without results.
+"""Crash repair: answer tool calls a crash left without results.
 
 The durable agent stores an assistant message before its tools run, so a
 process that dies mid-tool leaves calls with no results on the path, a state

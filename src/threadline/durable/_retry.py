@@ -1,9 +1,9 @@
-"""How the durable agent retries a store that lost its connection (S25).
+"""How the durable agent retries a store that lost its connection.
 
 ``StoreUnavailable`` means the outcome of the append is unknown: the entries
 may be stored with only the acknowledgement lost. Retrying the very same
 batch (same ids, same bytes) is safe because the store recognises a batch it
-already holds and stores it once (``check_retried_batch`` in ``session/_storekit.py``;
+already holds and stores it once (``check_retried_batch`` in ``stores/_rules.py``;
 for ``append_linear``, a batch stored as one run with its own bytes apart from
 the parent of its first entry, the ``LinearStore`` rule). So the agent
 retries a few times over about two seconds, and reports success only when a
@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from threadline.errors import StoreUnavailable
 from threadline.session._entries import Entry
-from threadline.session._store import LinearStore, Store
+from threadline.stores._contract import LinearStore, Store
 
 __all__ = ["RETRY_DELAYS", "append_linear_retrying", "retry_append"]
 

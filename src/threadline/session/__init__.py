@@ -1,10 +1,15 @@
-"""Sessions: the record, the entry log, the tree, and the stores that keep them."""
+"""The session data model: the record, entries, ids, the tree and context building.
+
+Nothing here does I/O. The stores that keep sessions are in
+``threadline.stores``.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import warnings
+from typing import Any
 
-from threadline.session._codec import MAX_DEPTH, decode_entry, decode_lines, encode_entry
+from threadline.session._codec import MAX_DEPTH, decode_entry, encode_entry
 from threadline.session._context import build_context, normalize_tool_pairs
 from threadline.session._entries import (
     FORMAT_VERSION,
@@ -13,73 +18,75 @@ from threadline.session._entries import (
     CustomEntry,
     CustomMessageEntry,
     Entry,
+    ErasedEntry,
     MessageEntry,
     OpaqueEntry,
+    SealedEntry,
     SessionRecord,
     custom_kinds,
     register_custom,
 )
-from threadline.session._file import FileStore
 from threadline.session._ids import new_id
-from threadline.session._memory import MemoryStore
-from threadline.session._store import (
-    CatalogStore,
-    EntryLog,
-    LinearStore,
-    SessionPage,
-    Store,
-    WatchableStore,
+from threadline.session._metadata import (
+    METADATA_KIND,
+    MetadataChange,
+    SessionMetadata,
+    fold_metadata,
 )
-from threadline.session._storekit import check_session_id
 from threadline.session._tree import TreeIndex, TreeView
-
-if TYPE_CHECKING:
-    from threadline.session._postgres import PostgresStore
-    from threadline.session._sqlite import SQLiteStore
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_DEPTH",
+    "METADATA_KIND",
     "BranchSummaryEntry",
-    "CatalogStore",
     "CompactionEntry",
     "CustomEntry",
     "CustomMessageEntry",
     "Entry",
-    "EntryLog",
-    "FileStore",
-    "LinearStore",
-    "MemoryStore",
+    "ErasedEntry",
     "MessageEntry",
+    "MetadataChange",
     "OpaqueEntry",
-    "PostgresStore",
-    "SQLiteStore",
-    "SessionPage",
+    "SealedEntry",
+    "SessionMetadata",
     "SessionRecord",
-    "Store",
     "TreeIndex",
     "TreeView",
-    "WatchableStore",
     "build_context",
-    "check_session_id",
     "custom_kinds",
     "decode_entry",
-    "decode_lines",
     "encode_entry",
+    "fold_metadata",
     "new_id",
     "normalize_tool_pairs",
     "register_custom",
 ]
 
+# Names that lived here before the stores got their own package; they keep
+# working for one release, with a warning that says where they went.
+_MOVED = {
+    "CatalogStore": "threadline.stores",
+    "EntryLog": "threadline.stores",
+    "FileStore": "threadline.stores",
+    "LinearStore": "threadline.stores",
+    "MemoryStore": "threadline.stores",
+    "PostgresStore": "threadline.stores",
+    "SQLiteStore": "threadline.stores",
+    "SessionPage": "threadline.stores",
+    "Store": "threadline.stores",
+    "WatchableStore": "threadline.stores",
+    "check_session_id": "threadline.stores",
+    "decode_lines": "threadline.stores.file",
+}
+
 
 def __getattr__(name: str) -> Any:
-    # The SQL stores import their drivers lazily: psycopg is an optional extra.
-    if name == "SQLiteStore":
-        from threadline.session._sqlite import SQLiteStore
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'threadline.session' has no attribute {name!r}")
+    warnings.warn(f"threadline.session.{name} moved to {home}.{name}; the old name goes "
+                  f"away in the next release", DeprecationWarning, stacklevel=2)
+    import importlib
 
-        return SQLiteStore
-    if name == "PostgresStore":
-        from threadline.session._postgres import PostgresStore
-
-        return PostgresStore
-    raise AttributeError(f"module 'threadline.session' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

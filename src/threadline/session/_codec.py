@@ -1,12 +1,10 @@
-"""The JSON-lines codec: every byte a store writes or reads passes through here.
+"""The entry codec: one entry to one line of JSON and back, checked both ways.
 
-One entry encodes to one line of compact JSON with a ``type`` discriminator
-(its canonical line). The SQL and memory stores keep each entry's line as it
-is; the file store writes the lines of one ``append_entries`` call with
-``frame`` (a call of several entries becomes one ``batch`` line, so a crash
-cannot leave half of it; from format version 3 on, a message entry becomes
-the array ``[id, parent_id, timestamp, body]``, see ``compact_line``), and
-reads a file body with ``decode_lines``, which reads every version.
+An entry encodes to one line of compact JSON with a ``type`` discriminator
+(its canonical line); a message entry may also be spelled as the compact
+array ``[id, parent_id, timestamp, body]`` (``compact_line``), which the file
+store writes and ``decode_entry`` reads. How lines are framed in a session
+file lives with the file store (``threadline.stores.file``).
 
 Writing is strict: ``encode_entry`` refuses, with ``InvalidEntry``, anything
 that would not load back exactly as it was given (bad ids, lone surrogates,
@@ -26,7 +24,7 @@ from __future__ import annotations
 
 import re
 import types
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeAlias
 
@@ -42,35 +40,30 @@ from threadline.ai._messages import (
 )
 from threadline.errors import CorruptLog, InvalidEntry
 from threadline.session._entries import (
-    FORMAT_VERSION,
     BranchSummaryEntry,
     CompactionEntry,
     CustomEntry,
     CustomMessageEntry,
     Entry,
+    ErasedEntry,
     MessageEntry,
     OpaqueEntry,
-    SessionRecord,
+    SealedEntry,
     registered,
 )
 
 __all__ = [
     "KNOWN_TYPES",
     "MAX_DEPTH",
+    "MAX_ENTRY_ID_BYTES",
     "check_entry",
     "compact_checked",
     "compact_line",
-    "decode_body",
+    "decode_compact_body",
     "decode_entry",
-    "decode_init",
-    "decode_lines",
     "encode_compact",
     "encode_entry",
-    "encode_init",
     "expand_line",
-    "export_lines",
-    "format_version",
-    "frame",
     "rechain_opaque",
     "stored_form",
 ]
@@ -82,45 +75,21 @@ Far below what the decoder's recursion can take, so a stored line always
 loads, whatever the caller's stack depth."""
 
 KNOWN_TYPES = frozenset(
-    {"message", "compaction", "branch_summary", "custom", "custom_message"}
+    {"message", "compaction", "branch_summary", "custom", "custom_message", "sealed", "erased"}
 )
 # Line types that are not entries; a line claiming one of them is never opaque.
 _FRAMING_TYPES = frozenset({"session_init", "batch"})
 
 
-class _InitLine(msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
-                tag="session_init", gc=False):
-    """The first line of a session file: the record plus the format version."""
-
-    version: int = 1
-    id: str
-    parent_id: str | None = None
-    created_at: datetime
-
-
-class _Version(msgspec.Struct, gc=False):
-    version: int = 1
-
-
 _WireEntry: TypeAlias = (
     MessageEntry | CompactionEntry | BranchSummaryEntry | CustomEntry[msgspec.Raw]
-    | CustomMessageEntry
+    | CustomMessageEntry | SealedEntry | ErasedEntry
 )
 
 
 _NonEmpty: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
 _Compact: TypeAlias = tuple[_NonEmpty, _NonEmpty | None, datetime, str | tuple[str] | Message]
 """A message entry in format version 3: ``[id, parent_id, timestamp, body]``."""
-
-
-class _Batch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
-    """Several entries appended by one call, as one line (format version 2)."""
-
-    entries: list[_WireEntry | _Compact]
-
-
-class _RawBatch(msgspec.Struct, tag_field="type", tag="batch", gc=False):
-    entries: list[msgspec.Raw]
 
 
 class _Header(msgspec.Struct, gc=False):
@@ -130,22 +99,13 @@ class _Header(msgspec.Struct, gc=False):
     timestamp: datetime | None = None
 
 
-class _Type(msgspec.Struct, gc=False):
-    type: str
-
-
 _entry_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Compact)
-_line_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_WireEntry | _Batch | _Compact)
 _message_decoder = msgspec.json.Decoder(MessageEntry)
-_raw_batch_decoder = msgspec.json.Decoder(_RawBatch)
 _header_decoder = msgspec.json.Decoder(_Header)
-_type_decoder = msgspec.json.Decoder(_Type)
-_init_decoder = msgspec.json.Decoder(_InitLine)
-_version_decoder = msgspec.json.Decoder(_Version)
 _encoder = msgspec.json.Encoder()
 
 _ENTRY_CLASSES = (MessageEntry, CompactionEntry, BranchSummaryEntry, CustomEntry,
-                  CustomMessageEntry, OpaqueEntry)
+                  CustomMessageEntry, SealedEntry, ErasedEntry, OpaqueEntry)
 
 # -- entries read from lines this version would write differently -------------
 
@@ -203,6 +163,16 @@ def _line(entry: Entry) -> bytes:
 # -- writing ------------------------------------------------------------------
 
 
+MAX_ENTRY_ID_BYTES = 1024
+"""Longest entry id (and parent id), in UTF-8 bytes, on every store.
+
+PostgreSQL cannot index much more than 2,700 bytes per key; one limit for
+every store keeps a session copyable between any two.
+"""
+# Ids this short in characters cannot be longer in bytes: the fast path's test.
+_SHORT_ID = MAX_ENTRY_ID_BYTES // 4
+
+
 def _id_problem(what: str, value: object, *, optional: bool) -> str | None:
     if value is None and optional:
         return None
@@ -210,6 +180,10 @@ def _id_problem(what: str, value: object, *, optional: bool) -> str | None:
         return f"has {what} {value!r}, not a non-empty string"
     if "\x00" in value:
         return f"has {what} {value!r}, which contains NUL (not every store can hold it)"
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ENTRY_ID_BYTES:
+        return (f"has {what} {value[:40]!r}... of {size} bytes in UTF-8; the limit is "
+                f"{MAX_ENTRY_ID_BYTES}")
     return None
 
 
@@ -237,24 +211,24 @@ def _depth(line: bytes) -> int:
 
 
 _PLAIN_CLASSES = frozenset({MessageEntry, CompactionEntry, BranchSummaryEntry,
-                            CustomMessageEntry})
+                            CustomMessageEntry, SealedEntry, ErasedEntry})
 
 
 def check_entry(entry: Entry, session_id: str | None = None) -> tuple[bytes, Entry]:
     """The line for ``entry`` and the entry a store gives back for it (``encode_entry``'s check).
 
-    Raises ``InvalidEntry``. The durable agent holds the entry and hands a
-    store that can take it (``_append_checked``) the line, so each entry is
-    checked once.
+    Raises ``InvalidEntry``. The durable agent holds the entry it gives back
+    as its copy of what it stored.
     """
     if type(entry) in _PLAIN_CLASSES:
         # The common case, in a few C calls: one encode, one decode back.
         # Decoding back is what proves typed fields hold their types (a
         # struct's constructor checks nothing) and untyped data survived
         # JSON; its result is also what the store gives back.
-        ok = (type(entry.id) is str and entry.id and "\x00" not in entry.id
+        ok = (type(entry.id) is str and 0 < len(entry.id) <= _SHORT_ID
+              and "\x00" not in entry.id
               and (entry.parent_id is None
-                   or (type(entry.parent_id) is str and entry.parent_id
+                   or (type(entry.parent_id) is str and 0 < len(entry.parent_id) <= _SHORT_ID
                        and "\x00" not in entry.parent_id)))
         if ok:
             try:
@@ -362,24 +336,6 @@ def stored_form(entries: Sequence[Entry], *, session_id: str | None = None) -> l
     return [check_entry(entry, session_id)[1] for entry in entries]
 
 
-def frame(lines: Sequence[bytes], *, version: int = FORMAT_VERSION,
-          compact: Sequence[bytes] | None = None) -> bytes:
-    """What one ``append_entries`` call of these lines adds to a session file.
-
-    ``lines`` are what ``encode_entry`` gave. One line is written as it is.
-    Several become one ``batch`` line (format version 2 on), so a reader sees
-    all of them or, if the writer died, a torn last line; a version 1 file
-    gets them one per line. From version 3 on, a message entry is written in
-    its compact form (``compact_line``; ``compact``, if given, holds those
-    lines already, as ``encode_compact`` made them).
-    """
-    if version >= 3:
-        lines = [compact_line(line) for line in lines] if compact is None else compact
-    if len(lines) > 1 and version >= 2:
-        return b'{"type":"batch","entries":[' + b",".join(lines) + b"]}\n"
-    return b"".join(line + b"\n" for line in lines)
-
-
 # -- the compact form of a message entry (format version 3) --------------------
 #
 # ``[id, parent_id, timestamp, body]``. ``body`` is the text of a user message
@@ -408,7 +364,7 @@ def compact_line(line: bytes) -> bytes:
     """The version 3 line for an ``encode_entry`` line (the line itself if it has none).
 
     Only a message entry written exactly as this version writes it is
-    compacted: a line read from another program keeps its bytes (S15).
+    compacted: a line read from another program keeps its bytes.
     """
     if not line.startswith(b'{"type":"message",'):
         return line
@@ -454,6 +410,27 @@ def expand_line(line: bytes) -> bytes:
     return _line(entry)
 
 
+_body_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(str | tuple[str] | Message)
+
+
+def decode_compact_body(
+    body: bytes, *, id: str, parent_id: str | None, timestamp: datetime,
+    session_id: str | None = None,
+) -> MessageEntry:
+    """The message entry of a compact line this version wrote, from its ``body`` alone.
+
+    For a reader that keeps the header elsewhere (a sealed entry keeps it in
+    plain text): ``body`` is what follows ``[id, parent_id, timestamp,`` in
+    the line, without the closing bracket. Raises ``CorruptLog``.
+    """
+    try:
+        wire = _body_decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _corrupt(f"expected the body of a message entry, got {_preview(body)} ({exc})",
+                       (session_id, None, None)) from exc
+    return _expand((id, parent_id, timestamp, wire))[0]
+
+
 def _expand(wire: tuple[Any, ...]) -> tuple[MessageEntry, bool]:
     """The entry of a compact line, and whether this version writes it so.
 
@@ -471,48 +448,6 @@ def _expand(wire: tuple[Any, ...]) -> tuple[MessageEntry, bool]:
         canonical = _body(body) is body
     entry = MessageEntry(id=entry_id, parent_id=parent_id, timestamp=timestamp, message=message)
     return entry, canonical
-
-
-def export_lines(entries: Sequence[Entry]) -> bytes:
-    """Entries one per line, as a version 3 file holds them (no checks, no batch lines).
-
-    For export: after ``encode_init``'s line, the result reads as a session file.
-    """
-    return b"".join([compact_line(_line(entry)) + b"\n" for entry in entries])
-
-
-def encode_init(record: SessionRecord) -> bytes:
-    return _encoder.encode(_InitLine(version=FORMAT_VERSION, id=record.id,
-                                     parent_id=record.parent_id, created_at=record.created_at))
-
-
-# -- reading ------------------------------------------------------------------
-
-
-def decode_init(
-    line: bytes, *, session_id: str | None = None, path: str | None = None, lineno: int = 1
-) -> SessionRecord:
-    try:
-        init = _init_decoder.decode(line)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise CorruptLog(
-            f"expected a session_init line, got {_preview(line)} ({exc})",
-            session_id=session_id, path=path, line=lineno,
-        ) from exc
-    if init.version > FORMAT_VERSION:
-        # A newer writer changed the format in a way this reader cannot follow;
-        # refusing here beats failing (or misreading) somewhere mid-log.
-        raise CorruptLog(
-            f"session format version {init.version} is newer than this threadline "
-            f"reads ({FORMAT_VERSION}); upgrade threadline to open it",
-            session_id=init.id, path=path, line=lineno,
-        )
-    return SessionRecord(id=init.id, parent_id=init.parent_id, created_at=init.created_at)
-
-
-def format_version(init_line: bytes) -> int:
-    """The format version a (valid) ``session_init`` line declares."""
-    return _version_decoder.decode(init_line).version
 
 
 def decode_entry(
@@ -594,276 +529,6 @@ def _opaque(line: bytes, where: _Where) -> OpaqueEntry | None:
         raise _corrupt(f"expected an entry with an id, got {_preview(line)}", where)
     return OpaqueEntry(type=header.type, id=header.id, parent_id=header.parent_id,
                        timestamp=header.timestamp, raw=line)
-
-
-def decode_lines(
-    data: bytes | memoryview, *, session_id: str | None = None, path: str | None = None,
-    first_line: int = 1,
-) -> list[Entry]:
-    """Every entry in JSON lines (a session file after its first line, an export).
-
-    ``batch`` lines yield their entries. ``first_line`` numbers the first line
-    in error messages.
-    """
-    buf = bytes(data)
-    if buf and not buf.endswith(b"\n"):
-        buf += b"\n"
-    return decode_body(buf, 0, len(buf), session_id=session_id, path=path,
-                       first_line=first_line)
-
-
-def decode_body(
-    data: bytes, start: int, end: int, *, session_id: str | None = None,
-    path: str | None = None, first_line: int = 1,
-) -> list[Entry]:
-    """``decode_lines`` of ``data[start:end]``, which ends in a newline, without a copy."""
-    try:
-        return _decode_chunks(data, start, end, _CHUNK)
-    except (msgspec.DecodeError, RecursionError, _Recheck, CorruptLog):
-        # Line by line: slower, but it settles every line the bulk decode
-        # cannot, and names the line of the first one that is corrupt.
-        return _decode_each(data[start:end], (session_id, path, first_line))
-
-
-_CHUNK = 1 << 18
-"""How many bytes of lines a load decodes, builds entries from and checks at a time.
-
-Small enough that the lines, their decoded values and the entries stay in
-the CPU's cache between the three steps. Decoding a whole file first, then
-building, then checking reads every byte and value back from memory: a load
-of 100,000 single-append lines took 1.3 to 1.5 times as long (1 MiB chunks
-did as well, 4 MiB no better than the whole file; docs/benchmarks.md,
-"Session file format")."""
-
-
-def _decode_chunks(data: bytes, start: int, end: int, chunk: int) -> list[Entry]:
-    """``decode_body``'s common case, ``chunk`` bytes (rounded up to a line) at a time.
-
-    Raises, for ``decode_body`` to decode line by line, as soon as a line is
-    anything but exactly what this version writes for what was decoded.
-    """
-    entries: list[Entry] = []
-    pos = start
-    while pos < end:
-        stop = data.find(b"\n", min(pos + chunk, end) - 1, end) + 1
-        begin = data.rfind(b"\n", pos, stop - 1) + 1 or pos  # of the chunk's last line
-        last = entries[-1].id if entries else None
-        pieces: Iterable[list[Entry]]
-        if stop - begin <= chunk:
-            pieces = (_lines(data, pos, stop, last),)
-        elif begin > pos:  # a long line: the lines before it first, then that line alone
-            stop = begin
-            pieces = (_lines(data, pos, stop, last),)
-        elif (data.startswith(_BATCH_HEAD, pos)
-              and data.startswith(_BATCH_TAIL, stop - len(_BATCH_TAIL))
-              and stop - len(_BATCH_TAIL) >= pos + len(_BATCH_HEAD)):
-            pieces = _batch_pieces(data, pos, stop, chunk, last)
-        else:
-            pieces = (_lines(data, pos, stop, last),)
-        for built in pieces:
-            entries += built
-        pos = stop
-    return entries
-
-
-def _lines(data: bytes, pos: int, stop: int, last: str | None) -> list[Entry]:
-    """The entries of the lines ``data[pos:stop]`` (``last``: the id before them)."""
-    items: list[Any] = _line_decoder.decode_lines(memoryview(data)[pos:stop])
-    built = _flatten(items, last)
-    # Encoding back costs far less than decoding, and it also catches
-    # what decode_lines lets by: a blank line, a header field that was
-    # missing and got its default, another spelling of the same value.
-    if not _written_as_decoded(items, data, pos, stop):
-        raise _Recheck
-    return built
-
-
-_BATCH_HEAD = b'{"type":"batch","entries":['
-_BATCH_TAIL = b"]}\n"
-# Where, in a batch line this version wrote, one entry ends and the next
-# begins: before a compact entry, or a message entry kept whole.
-_SEPARATORS = (b',["', b',{"type":"message",')
-_piece_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(list[_WireEntry | _Compact])
-
-
-def _batch_pieces(data: bytes, pos: int, stop: int, chunk: int,
-                  last: str | None) -> Iterator[list[Entry]]:
-    """The entries of the batch line ``data[pos:stop]``, about ``chunk`` bytes of it at a time.
-
-    A batch line of many entries is megabytes long; decoded whole, its
-    values leave the CPU's cache before they are built into entries and
-    encoded back, and the load cost 1.3-1.6 times its floor. So each piece
-    of its array is decoded, built and checked in turn, as a chunk of lines
-    is. A piece ends before a separator; ``[`` + piece + ``]`` is valid JSON
-    only if that separator lies between two of the array's elements (inside
-    a string or a nested value it leaves something open), so a separator
-    found in an entry's text costs one failed decode, never a wrong entry.
-    """
-    view = memoryview(data)
-    p = pos + len(_BATCH_HEAD)
-    close = stop - len(_BATCH_TAIL)
-    while p < close:
-        q = _separator(data, p + chunk, close, chunk)
-        piece = b"".join((b"[", view[p:q], b"]"))
-        try:
-            items: list[Any] = _piece_decoder.decode(piece)
-        except (msgspec.DecodeError, RecursionError):
-            if q == close:
-                raise
-            q = close  # a separator inside an entry: the rest of the line as one piece
-            piece = b"".join((b"[", view[p:q], b"]"))
-            items = _piece_decoder.decode(piece)
-        built: list[Entry] = []
-        _other(_Batch(items), built, last)
-        if _encoder.encode(items) != piece:
-            raise _Recheck
-        yield built
-        if built:
-            last = built[-1].id
-        p = q + 1
-
-
-def _separator(data: bytes, at: int, close: int, window: int) -> int:
-    """The first separator at or after ``at`` (``close`` if none), a window at a time."""
-    while at < close:
-        until = min(close, at + window)
-        for separator in _SEPARATORS:
-            found = data.find(separator, at, until + len(separator) - 1)
-            if 0 <= found < close:
-                return found
-        at = until
-    return close
-
-
-class _Recheck(Exception):
-    """A line the bulk decode cannot settle: decode the lines one by one."""
-
-
-_RECHECKED: _Where = (None, None, None)
-"""Where a bulk decode's error lies: unsaid, as the line-by-line decode that follows says it."""
-
-
-def _flatten(items: list[Any], last: str | None) -> list[Entry]:
-    """The entries of decoded lines, custom data typed (``items`` changed to match).
-
-    ``last`` is the id of the entry before them. Compact lines stay in
-    ``items`` as read, so that they can be compared with the file; their
-    entries share the previous entry's id string as their parent id where
-    they can (one string, not two, per entry).
-    """
-    if items and type(items[0]) is tuple:
-        # Most likely a version 3 file of single appends: the tightest loop,
-        # without first looking at every item's type (a tenth of the build).
-        # A later item that is no compact entry cannot be unpacked into four.
-        try:
-            return _compact_run(items, last)
-        except TypeError:
-            pass
-    kinds = set(map(type, items))  # one pass in C, instead of a Python loop per line
-    if _Batch not in kinds and CustomEntry not in kinds and tuple not in kinds:
-        return items
-    entries: list[Entry] = []
-    for i, item in enumerate(items):
-        if type(item) is tuple:
-            entries += _compact_run((item,), last)
-        elif type(item) is _Batch or type(item) is CustomEntry:
-            items[i] = _other(item, entries, last)
-        else:
-            entries.append(item)
-        if entries:
-            last = entries[-1].id
-    return entries
-
-
-def _compact_run(items: Sequence[tuple[Any, ...]], last: str | None) -> list[Entry]:
-    """The entries of compact lines (``last``: the id before them), built inline.
-
-    A call per entry is a fair part of the cost of a load, and so is every
-    name stored and loaded again: the message is built inside the entry's
-    call. The parts and messages are built positionally: msgspec matches no
-    keyword that way. Raises ``TypeError`` for an item that is not a compact
-    entry (``_flatten`` relies on it).
-    """
-    entries: list[Entry] = []
-    append = entries.append
-    user, assistant, text, entry = UserMessage, AssistantMessage, TextPart, MessageEntry
-    str_, tuple_ = str, tuple
-    for entry_id, stored_parent, timestamp, body in items:
-        append(entry(id=entry_id, parent_id=last if stored_parent == last else stored_parent,
-                     timestamp=timestamp,
-                     message=(user((text(body),)) if type(body) is str_
-                              else assistant((text(body[0]),)) if type(body) is tuple_
-                              else _whole(body))))
-        last = entry_id
-    return entries
-
-
-def _whole(message: Message) -> Message:
-    """A compact entry's message written whole; ``_Recheck`` if it has a shorthand."""
-    # Only a message of one part can have a shorthand.
-    if (type(message) is not ToolResultMessage and len(message.content) == 1
-            and _body(message) is not message):
-        raise _Recheck
-    return message
-
-
-def _other(item: Any, entries: list[Entry], last: str | None) -> Any:
-    """A batch line's entries, or a custom entry, added to ``entries``; the item as kept."""
-    if type(item) is CustomEntry:
-        item = _custom(item, _RECHECKED)
-        entries.append(item)
-        return item
-    batch: list[Any] = item.entries
-    if set(map(type, batch)) == {tuple}:
-        entries += _compact_run(batch, last)
-        return item
-    for j, wire in enumerate(batch):
-        if type(wire) is tuple:
-            entries += _compact_run((wire,), entries[-1].id if entries else last)
-            continue
-        if type(wire) is CustomEntry:
-            batch[j] = _custom(wire, _RECHECKED)
-        entries.append(batch[j])
-    return item
-
-
-def _written_as_decoded(items: list[Any], data: bytes, pos: int, end: int) -> bool:
-    """Whether ``items`` encode to exactly ``data[pos:end]``.
-
-    In one call: ``_decode_chunks`` hands over at most two chunks of lines
-    or one long line, so the copy stays small next to the file.
-    """
-    encoded = _encoder.encode_lines(items)
-    return len(encoded) == end - pos and data.startswith(encoded, pos)
-
-
-def _decode_each(body: bytes, where: _Where) -> list[Entry]:
-    session_id, path, first = where
-    entries: list[Entry] = []
-    lines = body.split(b"\n")[:-1]
-    for n, line in enumerate(lines, start=first or 1):
-        entries.extend(_decode_line(line, (session_id, path, n)))
-    return entries
-
-
-def _decode_line(line: bytes, where: _Where) -> list[Entry]:
-    if line.startswith(b"["):  # a compact entry (version 3)
-        return [decode_entry(line, session_id=where[0], path=where[1], lineno=where[2])]
-    try:
-        kind = _type_decoder.decode(line).type
-    except msgspec.DecodeError as exc:
-        raise _corrupt(f"not an entry: {_preview(line)} ({exc})", where) from exc
-    except RecursionError as exc:
-        raise _corrupt(f"nested too deeply to decode: {_preview(line)}", where) from exc
-    if kind != "batch":
-        return [decode_entry(line, session_id=where[0], path=where[1], lineno=where[2])]
-    try:
-        batch = _raw_batch_decoder.decode(line)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise _corrupt(f"expected a batch of entries, got {_preview(line)} ({exc})",
-                       where) from exc
-    return [decode_entry(raw, session_id=where[0], path=where[1], lineno=where[2])
-            for raw in batch.entries]
 
 
 def rechain_opaque(entry: OpaqueEntry, *, id: str, parent_id: str | None) -> OpaqueEntry:

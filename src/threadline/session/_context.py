@@ -95,7 +95,10 @@ def model_view(entry: Entry) -> Message | None:
     """The message the model sees for ``entry``, or None if it sees none.
 
     Custom entries and entries of unknown types are application state the
-    model never sees; compactions are read by ``visible_entries``.
+    model never sees; compactions are read by ``visible_entries``. An erased
+    entry has no content left, and a sealed one could not be opened: the
+    model sees neither, and ``normalize_tool_pairs`` answers a call whose
+    result is gone, or drops a result whose call is.
     """
     if isinstance(entry, MessageEntry):
         m = entry.message

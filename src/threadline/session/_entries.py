@@ -1,4 +1,4 @@
-"""Session record, entry types and the custom-entry registry (S6, S9).
+"""Session record, entry types and the custom-entry registry.
 
 An entry is one line of a session's log. Every entry has a header: ``type``
 (the discriminator), ``id`` (time-ordered, globally unique), ``parent_id``
@@ -33,8 +33,10 @@ __all__ = [
     "CustomEntry",
     "CustomMessageEntry",
     "Entry",
+    "ErasedEntry",
     "MessageEntry",
     "OpaqueEntry",
+    "SealedEntry",
     "SessionRecord",
     "custom_kinds",
     "register_custom",
@@ -54,8 +56,8 @@ utcnow: Callable[[], datetime] = functools.partial(datetime.now, UTC)
 class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Existence and fork lineage of a session. Written once, never updated.
 
-    It deliberately has no title, mode or model: application metadata lives in
-    the application's own storage, keyed by the session id.
+    It deliberately has no title, mode or model: a title, owner, tenant and
+    labels are metadata entries in the log (``session/_metadata.py``).
     """
 
     id: str
@@ -119,6 +121,46 @@ class CustomMessageEntry(_Header, frozen=True, kw_only=True, tag="custom_message
     details: Any = None
 
 
+class SealedEntry(_Header, frozen=True, kw_only=True, tag="sealed"):
+    """An entry whose content is encrypted (``threadline.privacy``).
+
+    The header stays readable, so the tree, listing and retention work
+    without keys: ``id``, ``parent_id``, ``timestamp``, ``origin_id``, the
+    sealed entry's own type (``of``), a custom entry's ``kind``, the storage
+    keys of the blobs it references (``blobs``) and the id of the data key
+    that sealed it (``key``). ``env`` is the envelope: format, cipher, key
+    version and nonce, then the ciphertext. A store keeps it like any entry;
+    the encryption layer opens it, and gives a ``SealedEntry`` back as itself
+    only when it cannot (a locked or malformed entry, reported in the load's
+    diagnostics).
+    """
+
+    # Optional, unlike other entries' (so mypy is told): an entry of a type
+    # this version does not know may have carried no time to keep.
+    timestamp: datetime | None = None  # type: ignore[assignment]
+    """The sealed entry's own time; None only for an entry of a type this
+    version does not know that carried none."""
+    of: str = "message"
+    kind: str | None = None
+    blobs: tuple[str, ...] = ()
+    key: str
+    env: bytes
+
+
+class ErasedEntry(_Header, frozen=True, kw_only=True, tag="erased"):
+    """A sealed entry whose data key was destroyed: its place in the tree, no content.
+
+    The encryption layer returns it for every entry of an erased subject
+    (same ``id``, ``parent_id``, ``timestamp`` and ``of``/``kind``). Context
+    building skips it. A fork or copy of an erased entry stores this stub,
+    which holds nothing to erase.
+    """
+
+    timestamp: datetime | None = None  # type: ignore[assignment]  # as SealedEntry's
+    of: str = "message"
+    kind: str | None = None
+
+
 class OpaqueEntry:
     """An entry whose ``type`` this version does not know.
 
@@ -151,7 +193,7 @@ class OpaqueEntry:
 
 Entry: TypeAlias = (
     MessageEntry | CompactionEntry | BranchSummaryEntry | CustomEntry[Any]
-    | CustomMessageEntry | OpaqueEntry
+    | CustomMessageEntry | SealedEntry | ErasedEntry | OpaqueEntry
 )
 
 _CUSTOM: dict[str, type[Any]] = {}

@@ -1,4 +1,4 @@
-"""The tree index over one session's entries (S5, S8).
+"""The tree index over one session's entries.
 
 Built from entries in append order. Adding an entry is O(1); the path from
 the root to any entry is O(path length). The leaf is where the next append
@@ -9,7 +9,7 @@ the entries added since.
 
 ``TreeView`` has the reads; ``TreeIndex`` adds ``add`` and ``set_leaf``. A
 durable agent hands out ``index.view()``, which shares the index's state but
-cannot change it, so nothing moves the leaf behind the agent's back (S27).
+cannot change it, so nothing moves the leaf behind the agent's back.
 """
 
 from __future__ import annotations

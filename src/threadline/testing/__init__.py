@@ -1,5 +1,6 @@
-"""Public test helpers: the store conformance suite, a fault-injecting store and
-``ScriptedModel``, a deterministic offline LanguageModel.
+"""Public test helpers: the store conformance suite, a fault-injecting store,
+power-loss recording and checking for local stores, and ``ScriptedModel``, a
+deterministic offline LanguageModel.
 
 The conformance names are loaded on first use because they need pytest and
 pytest-asyncio, which the other helpers do not.
@@ -11,6 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from threadline.testing._faults import FaultyStore
 from threadline.testing._grammar import assert_event_order, assert_stream_order
+from threadline.testing._powerloss import (
+    CrashState,
+    PowerLoss,
+    PowerLossReport,
+    PowerLossTrace,
+    inject_fault,
+    mark_acknowledged,
+)
 from threadline.testing._scripted import (
     Call,
     Delay,
@@ -28,10 +37,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Call",
+    "CrashState",
     "Delay",
     "Fail",
     "FaultyStore",
     "Gate",
+    "PowerLoss",
+    "PowerLossReport",
+    "PowerLossTrace",
     "ScriptedModel",
     "StoreConformance",
     "StoreOpener",
@@ -41,6 +54,8 @@ __all__ = [
     "assert_event_order",
     "assert_stream_order",
     "assert_valid_for_providers",
+    "inject_fault",
+    "mark_acknowledged",
     "sample_entries",
 ]
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from threadline.errors import StoreError
 from threadline.session._entries import Entry, SessionRecord
-from threadline.session._store import Store
+from threadline.stores._contract import Store
 
 __all__ = ["FaultyStore"]
 

@@ -13,10 +13,9 @@ SCRIPT = """\
 (() => {
   const tag = document.getElementById("live-state");
   if (!tag || !window.EventSource) return;
-  const sid = tag.dataset.session;
-  const page = "/session?id=" + encodeURIComponent(sid);
-  let url = "/events?id=" + encodeURIComponent(sid);
-  if (tag.dataset.last) url += "&after=" + encodeURIComponent(tag.dataset.last);
+  // Both are the viewer's own URLs, the session id already percent-encoded.
+  const page = tag.dataset.page;
+  const url = tag.dataset.events;
   let busy = false;
   let again = false;
   const refresh = async () => {

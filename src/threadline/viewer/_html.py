@@ -1,4 +1,4 @@
-"""HTML for a session and for the session list (S29).
+"""HTML for a session and for the session list.
 
 A transcript is untrusted: a model or a tool can put any text in it, and so
 can whoever chose a session id. Every stored string reaches the page through
@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from html import escape
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import msgspec
 
 from threadline.ai._messages import (
     AssistantMessage,
+    BlobPart,
     ImagePart,
     Message,
     TextPart,
@@ -41,17 +44,28 @@ from threadline.session._entries import (
     CustomEntry,
     CustomMessageEntry,
     Entry,
+    ErasedEntry,
     MessageEntry,
     OpaqueEntry,
+    SealedEntry,
     SessionRecord,
 )
+from threadline.session._text import backslash, has_hidden, hidden_code_points
 from threadline.session._tree import TreeIndex
+from threadline.viewer._common import shown_by_default
 
 __all__ = [
     "CSS",
     "CUSTOM_RENDERERS",
-        "list_body",
-    "page",
+    "IMAGE_TYPES",
+    "PAGE_ENTRIES",
+    "BlobSource",
+    "Layout",
+    "blob_sources",
+    "document",
+    "document_for",
+    "list_body",
+    "paging",
     "render_html",
     "session_body",
     "session_href",
@@ -71,17 +85,31 @@ what it takes from the entry (``html.escape``).
 # Images are shown only for raster types a browser cannot execute, and only
 # when the payload is really base64: the data lands in an attribute.
 _IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+IMAGE_TYPES = _IMAGE_TYPES
+"""The only types drawn as images (in ``<img>``, served inline): raster formats
+a browser decodes as pixels. An SVG is not among them: it can carry script."""
 _CLIP = 120
-_PAIR_REACH = 500  # ancestors searched for the call a tool result answers
+_PAIR_REACH = 500  # entries searched up from a result for its call
+_ANSWER_REACH = 64  # entries searched down from a call for its results
+
+PAGE_ENTRIES = 500
+"""Stored entries on one page of a session; the model's view shows as many messages."""
 
 
-# Control characters are drawn as their Unicode pictures (ESC as ␛), so
-# a terminal escape pasted from the page stays inert and is seen for what it is.
-_VISIBLE = {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {127: 0x2421}
+# Control characters are drawn as their Unicode pictures (ESC as ␛), so a
+# terminal escape pasted from the page stays inert and is seen for what it
+# is; every other character that reorders or hides text (bidi overrides,
+# zero-width and tag characters, ...) as the command shows it, ``\u202e``.
+_VISIBLE: dict[int, str] = {c: backslash(c) for c in hidden_code_points()} | {
+    c: chr(0x2400 + c) for c in range(32)} | {127: "\u2421"}
+del _VISIBLE[9], _VISIBLE[10]
 
 
 def _e(value: object) -> str:
-    return escape(str(value).translate(_VISIBLE), quote=True)
+    text = str(value)
+    if has_hidden(text, lines=True):
+        text = text.translate(_VISIBLE)
+    return escape(text, quote=True)
 
 
 def session_href(session_id: str) -> str:
@@ -134,13 +162,54 @@ def _image(part: ImagePart) -> str:
     return f'<img class="image" alt="image" src="data:{mime};base64,{data}">'
 
 
-def _parts(parts: Iterable[TextPart | ImagePart | ThinkingPart | ToolCall]) -> str:
+BlobSource = Callable[[BlobPart], "str | None"]
+"""Where a page finds an attachment: the viewer's ``/blob`` URL, or a data URL for
+an image of a self-contained export; None draws a note in its place."""
+
+_blob_source: ContextVar[BlobSource | None] = ContextVar("blob_source", default=None)
+
+
+@contextmanager
+def blob_sources(source: BlobSource) -> Iterator[None]:
+    """Draw the attachments of the pages rendered inside with ``source``."""
+    token = _blob_source.set(source)
+    try:
+        yield
+    finally:
+        _blob_source.reset(token)
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 1 << 20 else (
+        f"{n / (1 << 20):,.1f} MiB")
+
+
+def _blob(part: BlobPart) -> str:
+    """An image as an image, any other file as a download link, never inline markup.
+
+    Only the image types a browser decodes as pixels go in ``<img>``; an SVG
+    (which can hold script) or an HTML file is a link the viewer serves as a
+    download (``Content-Disposition: attachment``).
+    """
+    label = f"{part.name or 'attachment'} ({part.media_type}, {_size(part.size)})"
+    source = _blob_source.get()
+    url = source(part) if source is not None else None
+    if url is not None and part.media_type in _IMAGE_TYPES:
+        return f'<img class="image" alt="{_e(label)}" src="{_e(url)}">'
+    if url is not None:
+        return f'<p class="attachment"><a href="{_e(url)}" download>{_e(label)}</a></p>'
+    return f'<p class="note">[{_e(label)}]</p>'
+
+
+def _parts(parts: Iterable[TextPart | ImagePart | BlobPart | ThinkingPart | ToolCall]) -> str:
     out: list[str] = []
     for part in parts:
         if isinstance(part, TextPart):
             out.append(_text(part.text))
         elif isinstance(part, ImagePart):
             out.append(_image(part))
+        elif isinstance(part, BlobPart):
+            out.append(_blob(part))
         elif isinstance(part, ThinkingPart):
             text = "[redacted]" if part.redacted else part.thinking
             out.append(f'<details class="thinking"><summary>thinking</summary>{_text(text)}'
@@ -151,29 +220,34 @@ def _parts(parts: Iterable[TextPart | ImagePart | ThinkingPart | ToolCall]) -> s
 # --- tool calls and their results -----------------------------------------
 
 class _Pairs:
-    """Tool results matched to the call they answer, found by walking up.
+    """Tool results matched to the call they answer, for the entries a page draws.
 
     A result answers the nearest call with its id among its ancestors (ids
     may repeat across turns), so a result on one branch never pairs with a
-    call on another.
+    call on another. A result sits right after its call or a few entries
+    later, so each drawn result looks up for its call and each drawn call
+    looks down for its results, within a bound each way: a page costs what it
+    draws, and a log full of unmatched results stays cheap.
     """
 
-    def __init__(self, tree: TreeIndex) -> None:
+    def __init__(self, tree: TreeIndex, drawn: Iterable[Entry]) -> None:
         self.results: dict[tuple[str, str], list[MessageEntry]] = {}
         self.call_of: dict[str, str] = {}  # result entry id -> assistant entry id
-        for entry in tree:
-            if isinstance(entry, MessageEntry) and isinstance(entry.message, ToolResultMessage):
-                owner = self._owner(tree, entry, entry.message.tool_call_id)
+        for entry in drawn:
+            if not isinstance(entry, MessageEntry):
+                continue
+            message = entry.message
+            if isinstance(message, ToolResultMessage):
+                owner = self._owner(tree, entry, message.tool_call_id)
                 if owner is not None:
-                    self.results.setdefault((owner, entry.message.tool_call_id), []).append(entry)
                     self.call_of[entry.id] = owner
+            elif isinstance(message, AssistantMessage) and message.tool_calls:
+                self._answers(tree, entry, {c.id for c in message.tool_calls})
 
     @staticmethod
     def _owner(tree: TreeIndex, entry: Entry, call_id: str) -> str | None:
         seen: set[str] = set()
         parent = entry.parent_id
-        # A result sits right after its call or a few entries later; the
-        # bound keeps a log full of unmatched results from costing O(n²).
         while (parent is not None and parent in tree and parent not in seen
                and len(seen) < _PAIR_REACH):
             seen.add(parent)
@@ -184,6 +258,31 @@ class _Pairs:
                 return up.id
             parent = up.parent_id
         return None
+
+    def _answers(self, tree: TreeIndex, call: MessageEntry, ids: set[str]) -> None:
+        """The results below ``call`` that answer its calls (not a nearer call's)."""
+        found: list[MessageEntry] = []
+        stack: list[tuple[Entry, frozenset[str]]] = [
+            (kid, frozenset(ids)) for kid in reversed(tree.children(call.id))]
+        visited = 0
+        while stack and visited < _ANSWER_REACH:
+            entry, open_ids = stack.pop()
+            visited += 1
+            message = entry.message if isinstance(entry, MessageEntry) else None
+            if isinstance(message, ToolResultMessage) and message.tool_call_id in open_ids:
+                assert isinstance(entry, MessageEntry)
+                found.append(entry)
+            elif isinstance(message, AssistantMessage) and message.tool_calls:
+                open_ids = open_ids - {c.id for c in message.tool_calls}  # a nearer call
+            if open_ids:
+                stack.extend((kid, open_ids) for kid in reversed(tree.children(entry.id)))
+        if any(len([r for r in found if r.message.tool_call_id == i]) > 1  # type: ignore[union-attr]
+               for i in ids):
+            order = {e.id: n for n, e in enumerate(tree)}  # the model sees the first stored
+            found.sort(key=lambda e: order[e.id])
+        for result in found:
+            assert isinstance(result.message, ToolResultMessage)
+            self.results.setdefault((call.id, result.message.tool_call_id), []).append(result)
 
 
 def _result_state(result: ToolResultMessage | None) -> str:
@@ -218,7 +317,8 @@ def _tool_call(entry_id: str, index: int, call: ToolCall, results: Sequence[Mess
         if result.details is not None:
             out.append(f'<pre class="json">{_json(result.details)}</pre>')
     if len(results) > 1:
-        out.append(f'<p class="note">{len(results) - 1} more result(s) stored for this call; '
+        out.append(f'<p class="note">{_count(len(results) - 1, "more result", "more results")} '
+                   'stored for this call; '
                    "the model sees the first</p>")
     out.append("</details>")
     return "".join(out)
@@ -294,6 +394,13 @@ def _entry_body(entry: Entry, pairs: _Pairs | None) -> tuple[str, str]:
             f'<span class="dim">{_e(_clip(_compact(entry.data), 90))}</span></summary>'
             f'<pre class="json">{_json(entry.data)}</pre></details>'
         )
+    if isinstance(entry, ErasedEntry):
+        return f"[erased] {_sealed_label(entry.of, entry.kind)}", (
+            '<p class="note">erased: its subject\'s key was destroyed, its content is gone</p>')
+    if isinstance(entry, SealedEntry):
+        return f"[locked] {_sealed_label(entry.of, entry.kind)}", (
+            '<p class="note">locked: encrypted, and this viewer has no key to open it (or its '
+            "envelope is damaged; <code>threadline check</code> says which)</p>")
     assert isinstance(entry, OpaqueEntry)
     return f"unknown type · {entry.type}", (
         '<p class="note">stored by a newer version; kept as is</p>'
@@ -302,9 +409,13 @@ def _entry_body(entry: Entry, pairs: _Pairs | None) -> tuple[str, str]:
     )
 
 
+def _sealed_label(of: str, kind: str | None) -> str:
+    return f"{of.replace('_', ' ')} · {kind}" if kind else of.replace("_", " ")
+
+
 def _entry(entry: Entry, pairs: _Pairs, active: set[str], folded: set[str]) -> str:
     label, body = _entry_body(entry, pairs)
-    kind = label.split(" ", 1)[0]
+    kind = label.split(" ", 1)[0].strip("[]")
     classes = ["entry", f"k-{kind}"]
     flags = ""
     if entry.id in active:
@@ -344,68 +455,155 @@ def _folded(path: Sequence[Entry]) -> set[str]:
     return set()
 
 
-def _tree(tree: TreeIndex) -> str:
-    path = tree.path()
-    active = {e.id for e in path}
-    folded = _folded(path)
-    pairs = _Pairs(tree)
-    out: list[str] = []
-    shown: set[str] = set()
-    # Iterative walk: a chain of single children is drawn flat; where an
-    # entry has several children each branch gets its own collapsible block,
-    # open when it holds the active path. No recursion, so a deep or
-    # hand-made log cannot exhaust the stack.
-    stack: list[Entry | str] = []
-    roots = tree.roots()
-    if len(roots) == 1:
-        stack.append(roots[0])
-    elif roots:
-        _push_fork(stack, roots, active)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            out.append(item)
-            continue
-        entry: Entry | None = item
-        while entry is not None and entry.id not in shown:
-            shown.add(entry.id)
-            out.append(_entry(entry, pairs, active, folded))
-            kids = tree.children(entry.id)
-            if len(kids) == 1:
-                entry = kids[0]
+class _Open(NamedTuple):
+    """A block the walk enters: a fork (``kid`` None) or one branch of it."""
+
+    kid: Entry | None
+    active: bool = False
+
+
+_CLOSE = "close"
+
+
+class Layout:
+    """A session's stored log in the order the page draws it, cut into pages.
+
+    The walk draws a chain of single children flat; where an entry has
+    several children each branch gets its own collapsible block, open when
+    it holds the active path. It is iterative, so a deep or hand-made log
+    cannot exhaust the stack. Custom entries an application or importer
+    stored are left out unless ``custom`` (they still carry their children).
+    A page holds ``per_page`` drawn entries (all of them for None), and
+    pages are counted in the walk's order; the leaf's page is the default.
+    """
+
+    def __init__(self, tree: TreeIndex, *, custom: bool = False,
+                 per_page: int | None = PAGE_ENTRIES) -> None:
+        self.tree = tree
+        path = tree.path()
+        self.path = path
+        self.active = {e.id for e in path}
+        self.items: list[Entry | _Open | str] = []
+        self.hidden = 0
+        self.cycle = 0
+        shown = self._walk(custom)
+        self.entries = shown
+        self.drawn = [item for item in self.items if not isinstance(item, _Open | str)]
+        self.per_page = per_page or max(shown, 1)
+        self.pages = max(1, -(-shown // self.per_page))
+        on_path = [i for i, item in enumerate(self.drawn) if item.id in self.active]
+        self.leaf_page = on_path[-1] // self.per_page + 1 if on_path else self.pages
+
+    def _walk(self, custom: bool) -> int:
+        tree, out = self.tree, self.items
+        seen: set[str] = set()
+        shown = 0
+        stack: list[Entry | _Open | str] = []
+        roots = tree.roots()
+        if len(roots) == 1:
+            stack.append(roots[0])
+        elif roots:
+            self._fork(stack, roots)
+        while stack:
+            item = stack.pop()
+            if isinstance(item, _Open | str):
+                out.append(item)
                 continue
-            if kids:
-                _push_fork(stack, kids, active)
-            entry = None
-    missing = len(tree) - len(shown)
-    if missing:
-        out.append(f'<p class="note">{missing} entr(y/ies) form a cycle of parent links and '
-                   "are not shown</p>")
-    return "".join(out)
+            entry: Entry | None = item
+            while entry is not None and entry.id not in seen:
+                seen.add(entry.id)
+                if custom or shown_by_default(entry):
+                    out.append(entry)
+                    shown += 1
+                else:
+                    self.hidden += 1
+                kids = tree.children(entry.id)
+                if len(kids) == 1:
+                    entry = kids[0]
+                    continue
+                if kids:
+                    self._fork(stack, kids)
+                entry = None
+        self.cycle = len(tree) - len(seen)
+        return shown
+
+    def _fork(self, stack: list[Entry | _Open | str], kids: Sequence[Entry]) -> None:
+        """Queue one block per sibling branch, drawn in append order."""
+        items: list[Entry | _Open | str] = [_Open(None)]
+        for kid in kids:
+            items += [_Open(kid, kid.id in self.active), kid, _CLOSE]
+        items.append(_CLOSE)
+        stack.extend(reversed(items))  # the stack pops from its end
+
+    def html(self, page: int) -> str:
+        """The stored log's entries on ``page`` (1-based), inside the blocks that hold them."""
+        lo = (page - 1) * self.per_page
+        hi = lo + self.per_page
+        pairs = _Pairs(self.tree, self.drawn[lo:hi])
+        folded = _folded(self.path)
+        out: list[str] = []
+        opened: list[list[Any]] = []  # [block, drawn yet]
+        n = 0
+        for item in self.items:
+            if isinstance(item, _Open):
+                opened.append([item, False])
+            elif isinstance(item, str):
+                block, drawn = opened.pop()
+                if drawn:
+                    out.append("</details>" if block.kid is not None else "</div>")
+            elif n >= hi:
+                break
+            else:
+                if n >= lo:
+                    # A block is drawn only once it holds an entry of this page.
+                    for held in opened:
+                        if not held[1]:
+                            out.append(_open_html(held[0]))
+                            held[1] = True
+                    out.append(_entry(item, pairs, self.active, folded))
+                n += 1
+        for block, drawn in reversed(opened):
+            if drawn:
+                out.append("</details>" if block.kid is not None else "</div>")
+        if self.cycle and page == self.pages:
+            out.append(f'<p class="note">{_count(self.cycle, "entry", "entries")} form a cycle '
+                       "of parent links and are not shown</p>")
+        return "".join(out)
 
 
-def _push_fork(stack: list[Entry | str], kids: Sequence[Entry], active: set[str]) -> None:
-    """Queue one collapsible block per sibling branch, drawn in append order."""
-    items: list[Entry | str] = ['<div class="fork">']
-    for kid in kids:
-        on = kid.id in active
-        items += [
-            f'<details class="branch{" active" if on else ""}" id="{_e("b-" + kid.id)}"'
+def _open_html(block: _Open) -> str:
+    if block.kid is None:
+        return '<div class="fork">'
+    on = block.active
+    return (f'<details class="branch{" active" if on else ""}" id="{_e("b-" + block.kid.id)}"'
             f'{" open" if on else ""}><summary>'
-            f'{"active branch" if on else "branch"} · {_e(_summary_line(kid))}</summary>',
-            kid,
-            "</details>",
-        ]
-    items.append("</div>")
-    stack.extend(reversed(items))  # the stack pops from its end
+            f'{"active branch" if on else "branch"} · {_e(_summary_line(block.kid))}</summary>')
+
+
+def _count(n: int, noun: str, plural: str) -> str:
+    return f"1 {noun}" if n == 1 else f"{n:,} {plural}"
 
 
 # --- what the model sees ---------------------------------------------------------
 
-def _context(tree: TreeIndex) -> str:
-    messages: list[Message] = build_context(tree.path())
+def _context(path: Sequence[Entry], limit: int | None) -> str:
+    """The model's view of ``path``: its last ``limit`` messages (all for None).
+
+    A long path is read from its tail only: four entries a message is more
+    than any session needs, and the view of the tail ends as the whole
+    path's does.
+    """
+    window = None if limit is None else 4 * limit
+    cut = window is not None and len(path) > window
+    messages: list[Message] = build_context(path[-window:] if cut and window else path)
     out: list[str] = []
-    for m in messages:
+    earlier = 0 if limit is None else max(0, len(messages) - limit)
+    if cut:
+        out.append('<p class="note">earlier messages not shown</p>')
+    elif earlier:
+        out.append(f'<p class="note">{_count(earlier, "earlier message", "earlier messages")} '
+                   "not shown</p>")
+    for m in messages[earlier:]:
         if isinstance(m, UserMessage):
             who, body = "user", _parts(m.content)
         elif isinstance(m, AssistantMessage):
@@ -427,6 +625,13 @@ def _context(tree: TreeIndex) -> str:
 
 # --- pages -------------------------------------------------------------------------
 
+def paging(tree: TreeIndex, *, custom: bool = False,
+           per_page: int | None = PAGE_ENTRIES) -> tuple[int, int]:
+    """(pages, the page that holds the leaf) of a session drawn ``per_page`` entries a page."""
+    layout = Layout(tree, custom=custom, per_page=per_page)
+    return layout.pages, layout.leaf_page
+
+
 def session_body(
     tree: TreeIndex,
     record: SessionRecord | None,
@@ -434,19 +639,33 @@ def session_body(
     children: Sequence[SessionRecord] = (),
     linked: bool = True,
     notes: Sequence[str] = (),
+    page: int | None = None,
+    custom: bool = False,
+    per_page: int | None = PAGE_ENTRIES,
+    layout: Layout | None = None,
+    usage: str = "",
 ) -> str:
-    """The body of a session's page: header, stored tree, model context.
+    """The body of a session's page: header, one page of the stored tree, model context.
 
-    ``linked`` makes lineage into links to the viewer's own pages; an export
-    names the sessions without linking (their pages are not in the file).
-    ``notes`` are what the store noticed while loading (a torn last line...).
+    ``linked`` makes lineage and page navigation into links to the viewer's
+    own pages; an export names the sessions without linking (their pages
+    are not in the file). ``notes`` are what the store noticed while loading
+    (a torn last line...). ``page`` (1-based; None: the leaf's) picks the
+    page of ``per_page`` entries; ``custom`` draws custom entries too.
+    ``usage`` is the usage section (``viewer._usage``), drawn under the header.
     """
     sid = tree.session_id
+    layout = layout or Layout(tree, custom=custom, per_page=per_page)
+    page = min(max(page or layout.leaf_page, 1), layout.pages)
 
     def ref(other: str) -> str:
         if linked:
             return f'<a class="sid" href="{_e(session_href(other))}">{_e(other)}</a>'
         return f'<code class="sid">{_e(other)}</code>'
+
+    def href(to_page: int | None, show_custom: bool = custom) -> str:
+        return (session_href(sid) + (f"&page={to_page}" if to_page else "")
+                + ("&custom=1" if show_custom else ""))
 
     lineage: list[str] = []
     if record is not None and record.parent_id is not None:
@@ -454,27 +673,56 @@ def session_body(
     if children:
         lineage.append("forks: " + ", ".join(ref(c.id) for c in children))
     branch_count = max(len(tree.leaves()), 1 if len(tree) else 0)
-    facts = [f"{len(tree)} entries", f"{branch_count} branch{'es' if branch_count != 1 else ''}"]
+    facts = [_count(len(tree), "entry", "entries"), _count(branch_count, "branch", "branches")]
     if record is not None:
         facts.append(f"created {record.created_at:%Y-%m-%d %H:%M:%S}")
     leaf = tree.leaf_id
+    leaf_href = "#" + "e-" + leaf if leaf and (page == layout.leaf_page or not linked) else (
+        href(None) + "#e-" + (leaf or ""))
+    views = [f"page {page:,} of {layout.pages:,}"] if layout.pages > 1 else []
+    if layout.hidden:
+        views.append(_count(layout.hidden, "custom entry", "custom entries") + " hidden")
     return (
         '<header class="session" id="head">'
         f'<h1><span class="dim">session</span> <code class="sid">{_e(sid)}</code></h1>'
         f'<p class="facts">{_e(" · ".join(facts))}'
-        + (f' · leaf <a class="eid" href="#{_e("e-" + leaf)}">{_e(_short(leaf))}</a>'
+        + (f' · leaf <a class="eid" href="{_e(leaf_href)}">{_e(_short(leaf))}</a>'
            if leaf else "")
         + "</p>"
         + (f'<p class="lineage">{" · ".join(lineage)}</p>' if lineage else "")
         + "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
+        + _views(views, layout, page, linked=linked, href=href, custom=custom)
         + "</header>"
-        '<div class="columns">'
-        f'<section id="tree" class="tree"><h2>Stored log</h2>{_tree(tree) or _empty()}</section>'
+        + usage
+        + '<div class="columns">'
+        f'<section id="tree" class="tree"><h2>Stored log</h2>'
+        f"{layout.html(page) or _empty()}</section>"
         '<section id="context" class="context"><h2>What the model sees</h2>'
         '<p class="dim">the active path as the next model call receives it</p>'
-        f"{_context(tree)}</section>"
+        f"{_context(layout.path, per_page)}</section>"
         "</div>"
     )
+
+
+def _views(views: list[str], layout: Layout, page: int, *, linked: bool,
+           href: Callable[..., str], custom: bool) -> str:
+    """Where this page sits among the session's pages, and the custom-entry switch."""
+    if not views and not custom:
+        return ""
+    links: list[str] = []
+    if linked:
+        if page > 1:
+            links += [f'<a href="{_e(href(1))}">first</a>',
+                      f'<a rel="prev" href="{_e(href(page - 1))}">← earlier</a>']
+        if page < layout.pages:
+            links += [f'<a rel="next" href="{_e(href(page + 1))}">later →</a>',
+                      f'<a href="{_e(href(layout.pages))}">last</a>']
+        if layout.hidden:
+            links.append(f'<a href="{_e(href(None, True))}">show custom entries</a>')
+        elif custom:
+            links.append(f'<a href="{_e(href(None, False))}">hide custom entries</a>')
+    return (f'<nav class="pages" id="pages"><span>{_e(" · ".join(views))}</span>'
+            + "".join(links) + "</nav>")
 
 
 def _empty() -> str:
@@ -488,10 +736,13 @@ def list_body(
     next_href: str | None,
     paged: bool,
     can_list: bool,
+    titles: Mapping[str, str] | None = None,
 ) -> str:
+    titles = titles or {}
     rows = "".join(
         "<tr>"
         f'<td><a class="sid" href="{_e(session_href(r.id))}">{_e(r.id)}</a></td>'
+        f"<td>{_e(titles.get(r.id, ''))}</td>"
         f"<td>{_e_link(r.parent_id)}</td>"
         f"<td>{_time(r.created_at)}</td>"
         "</tr>"
@@ -510,7 +761,7 @@ def list_body(
     if not can_list:
         return form + '<p class="note">this store cannot list its sessions; open one by id</p>'
     table = (
-        '<table class="sessions"><thead><tr><th>session</th><th>forked from</th>'
+        '<table class="sessions"><thead><tr><th>session</th><th>title</th><th>forked from</th>'
         f"<th>created</th></tr></thead><tbody>{rows}</tbody></table>"
         if sessions else '<p class="note">no sessions' + (" match" if query else "") + "</p>"
     )
@@ -529,10 +780,14 @@ def _e_link(session_id: str | None) -> str:
     return f'<a class="sid" href="{_e(session_href(session_id))}">{_e(session_id)}</a>'
 
 
-def page(title: str, body: str, *, head: str = "", live: str = "", linked: bool = True) -> str:
+def document(title: str, body: str, *, head: str = "", live: str = "",
+             linked: bool = True) -> str:
     """A whole document. ``head`` adds to ``<head>``; ``live`` is the live-status tag;
     ``linked`` is false for the export, whose top bar has nowhere to go."""
-    home = '<a href="/">threadline</a>' if linked else "<span>threadline export</span>"
+    home = ('<a href="/">threadline</a><form class="search" method="get" action="/search" '
+            'role="search"><input type="search" name="q" placeholder="search all sessions" '
+            'aria-label="search all sessions"><button type="submit">Search</button></form>'
+            if linked else "<span>threadline export</span>")
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -544,22 +799,34 @@ def page(title: str, body: str, *, head: str = "", live: str = "", linked: bool 
 
 
 def render_html(tree: TreeIndex, record: SessionRecord | None = None,
-                children: Sequence[SessionRecord] = ()) -> str:
+                children: Sequence[SessionRecord] = (), *, page: int | None = None,
+                per_page: int | None = PAGE_ENTRIES, custom: bool = False) -> str:
     """A session as one self-contained HTML document (``export --format html``).
 
     It makes no request: the CSS is inline, admitted by its hash in the page's
     Content-Security-Policy, which also forbids every script, so the file runs
     nothing even where it is opened from disk. ``record`` and ``children``
-    add the fork lineage, named but not linked.
+    add the fork lineage, named but not linked. Like the viewer it draws one
+    page of ``per_page`` stored entries (the leaf's unless ``page`` says;
+    ``per_page=None`` draws them all), without custom entries unless ``custom``.
     """
+    return document_for(tree, record, children, page=page,
+                        layout=Layout(tree, custom=custom, per_page=per_page))
+
+
+def document_for(tree: TreeIndex, record: SessionRecord | None,
+                 children: Sequence[SessionRecord], *, page: int | None,
+                 layout: Layout) -> str:
+    """``render_html`` for a layout already made (the command reads its page count)."""
     digest = base64.b64encode(hashlib.sha256(CSS.encode()).digest()).decode()
     csp = (f"default-src 'none'; style-src 'sha256-{digest}'; img-src data:; "
            "base-uri 'none'; form-action 'none'")
     head = (f'<meta http-equiv="Content-Security-Policy" content="{_e(csp)}">'
             '<meta name="referrer" content="no-referrer">'
             f"<style>{CSS}</style>")
-    body = session_body(tree, record, children=children, linked=False)
-    return page(f"session {tree.session_id}", body, head=head, linked=False)
+    body = session_body(tree, record, children=children, linked=False, page=page,
+                        layout=layout)
+    return document(f"session {tree.session_id}", body, head=head, linked=False)
 
 
 CSS = """
@@ -620,4 +887,6 @@ input{font:inherit;padding:.3rem .5rem;border:1px solid var(--line);border-radiu
 min-width:16rem}button{font:inherit;padding:.3rem .8rem;border-radius:4px;
 border:1px solid var(--acc);background:var(--acc);color:#fff;cursor:pointer}
 nav.pages{margin-top:.8rem;display:flex;gap:1rem}
+section.usage{margin-top:.8rem}table.usage td.num{text-align:right;white-space:nowrap}
+table.usage tr.sum td{font-weight:600}
 """

@@ -1,4 +1,4 @@
-"""The local web viewer: a read-only Starlette app over a store (S29).
+"""The local web viewer: a read-only Starlette app over a store.
 
 What keeps it safe to point at untrusted transcripts:
 
@@ -26,6 +26,7 @@ what is new.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import quote, unquote
@@ -40,15 +41,20 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from threadline.errors import ConfigError, SessionNotFound, StoreError
+from threadline.durable._usage import PriceTable
+from threadline.errors import BlobNotFound, ConfigError, SessionNotFound, StoreError
 from threadline.session._entries import Entry
-from threadline.session._store import Store
 from threadline.session._tree import TreeIndex
+from threadline.stores._blobs import blob_parts, open_blob
+from threadline.stores._contract import SearchHit, Store
+from threadline.stores._search import query_terms
 from threadline.viewer import _html
 from threadline.viewer._assets import SCRIPT
 from threadline.viewer._common import MAX_PAGE, is_loopback, lineage, matching
+from threadline.viewer._search import SEARCH_CSS, search_body
+from threadline.viewer._usage import usage_html
 
-__all__ = ["POLL_INTERVAL", "create_app", "serve"]
+__all__ = ["POLL_INTERVAL", "blob_href", "create_app", "serve"]
 
 POLL_INTERVAL = 0.5
 PAGE_SIZE = 50
@@ -67,6 +73,12 @@ _HEADERS = [
     (b"permissions-policy", b"camera=(), microphone=(), geolocation=()"),
 ]
 _LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def blob_href(session_id: str, sha256: str) -> str:
+    """The viewer's URL of one attachment of a session."""
+    return f"/blob?session={quote(session_id, safe='')}&sha={sha256}"
 
 
 class _SecurityHeaders:
@@ -82,7 +94,10 @@ class _SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
+                # A response that sets its own (stricter) header keeps it: a blob's CSP.
+                own = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []),
+                                      *(h for h in _HEADERS if h[0] not in own)]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -103,7 +118,7 @@ def _head() -> str:
 
 def _error(title: str, message: str, status: int) -> Response:
     body = f'<h1>{_html._e(title)}</h1><p class="error">{_html._e(message)}</p>'
-    return _html_response(_html.page(title, body, head=_head()), status)
+    return _html_response(_html.document(title, body, head=_head()), status)
 
 
 def create_app(
@@ -111,19 +126,23 @@ def create_app(
     *,
     poll_interval: float = POLL_INTERVAL,
     allowed_hosts: Sequence[str] = _LOOPBACK_NAMES,
+    prices: PriceTable | None = None,
 ) -> Starlette:
     """The viewer as an ASGI app, reading ``store``.
 
     ``allowed_hosts`` are the Host header values it answers (default: the
-    loopback names); requests naming any other host get 400.
+    loopback names); requests naming any other host get 400. With ``prices``
+    a session's usage table has a cost column (docs/usage.md).
     """
     if poll_interval <= 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
-    viewer = _Viewer(store, poll_interval)
+    viewer = _Viewer(store, poll_interval, prices)
     routes = [
         Route("/", viewer.index, methods=["GET"]),
         Route("/session", viewer.session, methods=["GET"]),
         Route("/events", viewer.events, methods=["GET"]),
+        Route("/blob", viewer.blob, methods=["GET"]),
+        Route("/search", viewer.search, methods=["GET"]),
         Route("/static/viewer.css", _stylesheet, methods=["GET"]),
         Route("/static/viewer.js", _script, methods=["GET"]),
     ]
@@ -137,9 +156,11 @@ def create_app(
 class _Viewer:
     """The pages that read the store: the session list, one session, its live events."""
 
-    def __init__(self, store: Store, poll_interval: float) -> None:
+    def __init__(self, store: Store, poll_interval: float,
+                 prices: PriceTable | None = None) -> None:
         self.store = store
         self.poll_interval = poll_interval
+        self.prices = prices
 
     async def index(self, request: Request) -> Response:
         query = request.query_params.get("q", "")
@@ -152,9 +173,10 @@ class _Viewer:
         if lister is None:
             body = _html.list_body([], query=query, next_href=None, paged=False,
                                    can_list=False)
-            return _html_response(_html.page("threadline sessions", body, head=_head()))
+            return _html_response(_html.document("threadline sessions", body, head=_head()))
         try:
-            found, next_cursor = await matching(lister, query, limit, cursor)
+            titles: dict[str, str] = {}
+            found, next_cursor = await matching(lister, query, limit, cursor, titles)
         except (ConfigError, StoreError) as exc:
             return _error("Cannot list sessions", str(exc), 400)
         next_href = None
@@ -162,13 +184,44 @@ class _Viewer:
             next_href = (f"/?limit={limit}&cursor={quote(next_cursor, safe='')}"
                          + (f"&q={quote(query, safe='')}" if query else ""))
         body = _html.list_body(found, query=query, next_href=next_href,
-                               paged=cursor is not None, can_list=True)
-        return _html_response(_html.page("threadline sessions", body, head=_head()))
+                               paged=cursor is not None, can_list=True, titles=titles)
+        return _html_response(_html.document("threadline sessions", body, head=_head()))
+
+    async def search(self, request: Request) -> Response:
+        """Hits across sessions for ``?q=`` (``&owner=``, ``&tenant=``, ``&active=1``)."""
+        query = request.query_params.get("q", "")
+        owner = request.query_params.get("owner") or None
+        tenant = request.query_params.get("tenant") or None
+        active = request.query_params.get("active") == "1"
+        searcher = getattr(self.store, "search", None)
+        if searcher is None:
+            return _error("Cannot search", "this store has no search", 400)
+        status, error = 200, None
+        terms: list[str] = []
+        hits: list[SearchHit] = []
+        if query.strip():
+            try:
+                terms = query_terms(query)
+                hits = await searcher(query, owner=owner, tenant=tenant, active_path=active)
+            except ConfigError as exc:
+                status, error = 400, str(exc)
+            except StoreError as exc:
+                status, error = 500, str(exc)
+        body = search_body(query, terms, hits, owner=owner, tenant=tenant, active=active,
+                           error=error)
+        return _html_response(_html.document(f"search {query}", body, head=_head()), status)
 
     async def session(self, request: Request) -> Response:
         sid = request.query_params.get("id")
         if not sid:
             return _error("Bad request", "no session id given (?id=...)", 400)
+        page: int | None = None
+        if "page" in request.query_params:
+            try:
+                page = int(request.query_params["page"])
+            except ValueError:
+                return _error("Bad request", "page must be a whole number", 400)
+        custom = request.query_params.get("custom") == "1"
         try:
             entries = await self.store.load_entries(sid)
         except SessionNotFound as exc:
@@ -178,12 +231,55 @@ class _Viewer:
         tree = TreeIndex(entries, session_id=sid)
         record, children = await lineage(self.store, sid)
         last = entries[-1].id if entries else ""
-        live = (f'<span id="live-state" data-session="{_html._e(sid)}" '
-                f'data-last="{_html._e(last)}">static</span>')
+        # The script gets URLs, not the id: an id is any string, and what an
+        # attribute shows of it (control pictures, escapes) is not the id.
+        this = (_html.session_href(sid) + (f"&page={page}" if page is not None else "")
+                + ("&custom=1" if custom else ""))
+        follow = f"/events?id={quote(sid, safe='')}" + (
+            f"&after={quote(last, safe='')}" if last else "")
+        live = (f'<span id="live-state" data-events="{_html._e(follow)}" '
+                f'data-page="{_html._e(this)}">static</span>')
         notes = list(getattr(entries, "diagnostics", ()))
-        body = _html.session_body(tree, record, children=children, notes=notes)
-        doc = _html.page(f"session {sid}", body, head=_head(), live=live)
+        with _html.blob_sources(lambda part: blob_href(sid, part.sha256)):
+            body = _html.session_body(tree, record, children=children, notes=notes, page=page,
+                                      custom=custom, usage=usage_html(tree, entries, self.prices))
+        doc = _html.document(f"session {sid}", body, head=_head(), live=live)
         return _html_response(doc)
+
+    async def blob(self, request: Request) -> Response:
+        """One attachment of a session: an image inline, anything else as a download.
+
+        Only a blob that an entry of the named session references is served,
+        with the media type that reference gives. Every response is also
+        sandboxed by its own CSP, so even a file a browser is told to save
+        could run nothing if it were ever shown.
+        """
+        sid, sha = request.query_params.get("session"), request.query_params.get("sha", "")
+        if not sid or not _HEX64.fullmatch(sha):
+            return _error("Bad request", "give ?session=...&sha=<64 hex digits>", 400)
+        try:
+            entries = await self.store.load_entries(sid)
+            part = next((p for p in blob_parts(entries) if p.sha256 == sha), None)
+            if part is None:
+                return _error("Attachment not found",
+                              f"no entry of session {sid!r} references blob {sha}", 404)
+            data = await open_blob(self.store, sid, part)
+        except (SessionNotFound, BlobNotFound) as exc:
+            return _error("Attachment not found", str(exc), 404)
+        except StoreError as exc:
+            return _error("Cannot read attachment", str(exc), 500)
+        headers = {"cache-control": "private, max-age=86400",
+                   "content-security-policy": "sandbox; default-src 'none'"}
+        if part.media_type in _html.IMAGE_TYPES:
+            return Response(data, media_type=part.media_type,
+                            headers={**headers, "content-disposition": "inline"})
+        name = part.name or f"{sha[:12]}.bin"
+        # An ASCII fallback and the exact name, percent-encoded: no quote, no
+        # control character, no path can reach the header.
+        plain = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100] or "attachment"
+        disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"
+        return Response(data, media_type="application/octet-stream",
+                        headers={**headers, "content-disposition": disposition})
 
     async def events(self, request: Request) -> Response:
         sid = request.query_params.get("id")
@@ -203,7 +299,7 @@ class _Viewer:
 
 
 async def _stylesheet(request: Request) -> Response:
-    return Response(_html.CSS, media_type="text/css; charset=utf-8")
+    return Response(_html.CSS + SEARCH_CSS, media_type="text/css; charset=utf-8")
 
 
 async def _script(request: Request) -> Response:
@@ -256,11 +352,12 @@ async def serve(
     port: int = 8765,
     poll_interval: float = POLL_INTERVAL,
     ready: Callable[[str], None] | None = None,
+    prices: PriceTable | None = None,
 ) -> None:
     """Serve the viewer until cancelled. ``port=0`` picks a free port;
     ``ready`` is called with the URL once the socket listens."""
     hosts = _LOOPBACK_NAMES if is_loopback(host) else [*_LOOPBACK_NAMES, host.strip("[]"), "*"]
-    app = create_app(store, poll_interval=poll_interval, allowed_hosts=hosts)
+    app = create_app(store, poll_interval=poll_interval, allowed_hosts=hosts, prices=prices)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.create_server((host.strip("[]"), port), family=family)

@@ -1,4 +1,4 @@
-"""The subprocess loop: an external agent CLI as a ``Loop`` (S3).
+"""The subprocess loop: an external agent CLI as a ``Loop``.
 
 For each run the command is started in its own process group; threadline
 writes one JSON line to its stdin with the context and the new input, closes

@@ -15,7 +15,7 @@ from typing import Any
 
 from threadline.ai._messages import (
     AssistantMessage,
-    ImagePart,
+    BlobPart,
     Message,
     StopReason,
     TextPart,
@@ -23,11 +23,21 @@ from threadline.ai._messages import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    UserContent,
 )
-from threadline.ai._model import ModelInfo, ReasoningEffort, Request, StreamEvent, StreamOptions
+from threadline.ai._model import (
+    BlobUpload,
+    ModelInfo,
+    ReasoningEffort,
+    Request,
+    StreamEvent,
+    StreamOptions,
+)
 from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,
+    Blob,
+    Blobs,
     Builder,
     SDKModel,
     classify,
@@ -35,6 +45,7 @@ from threadline.ai.providers._common import (
     error_fields,
     normalize_id,
     other_error,
+    resolved,
     same_model,
     thinking_as_text,
 )
@@ -73,13 +84,14 @@ class AnthropicModel(SDKModel):
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
         cache: bool = True,
+        upload: BlobUpload | None = None,
     ) -> None:
         self._cache = cache
         super().__init__(info, anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, max_retries=max_retries,
             default_headers=headers,
             timeout=anthropic.NOT_GIVEN if timeout is None else timeout,
-        ))
+        ), upload)
 
     API = API
     # json: the SDK parses each server-sent event with the json module.
@@ -91,13 +103,15 @@ class AnthropicModel(SDKModel):
     def _state(self, builder: Builder) -> _State:
         return _State(builder)
 
-    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+    def request_body(self, request: Request, options: StreamOptions,
+                     blobs: Blobs | None = None) -> dict[str, Any]:
         """The keyword arguments for ``messages.create``."""
         info = self._info
         max_tokens = options.max_tokens or info.max_output_tokens
         body: dict[str, Any] = {
             "model": info.id,
-            "messages": to_anthropic_messages(request.messages, info, cache=self._cache),
+            "messages": to_anthropic_messages(request.messages, info, cache=self._cache,
+                                              blobs=blobs),
             "stream": True,
         }
         if request.system:
@@ -230,18 +244,43 @@ class _State:
 # --------------------------------------------------------------------------- transcript
 
 
-def _content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> list[dict[str, Any]]:
+def _content(parts: Iterable[UserContent], info: ModelInfo,
+             blobs: Blobs | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for p in parts:
         if isinstance(p, TextPart):
             if p.text:  # the API rejects empty text blocks
                 out.append({"type": "text", "text": p.text})
+        elif isinstance(p, BlobPart):
+            out.append(_blob(resolved(blobs, p), info))
         elif info.images:
             out.append({"type": "image", "source": {
                 "type": "base64", "media_type": p.mime_type, "data": p.data}})
         else:
             out.append({"type": "text", "text": IMAGE_OMITTED})
     return out
+
+
+def _blob(blob: Blob, info: ModelInfo) -> dict[str, Any]:
+    kind, ref, media = blob.kind, blob.ref, blob.part.media_type
+    if kind == "image" and not info.images:
+        return {"type": "text", "text": IMAGE_OMITTED}
+    if kind == "other":
+        return {"type": "text", "text": blob.note()}
+    source: dict[str, Any]
+    if ref is not None and ref.file_id:  # the Files API (a beta header the caller sets)
+        source = {"type": "file", "file_id": ref.file_id}
+    elif ref is not None and ref.url:
+        source = {"type": "url", "url": ref.url}
+    elif kind == "text":
+        # Plain-text documents are the one text form the API takes.
+        source = {"type": "text", "media_type": "text/plain",
+                  "data": blob.data.decode("utf-8", "replace")}
+    else:
+        source = {"type": "base64", "media_type": media, "data": blob.base64}
+    if kind == "image":
+        return {"type": "image", "source": source}
+    return {"type": "document", "source": source, "title": blob.name}
 
 
 def _assistant(m: AssistantMessage, info: ModelInfo) -> list[dict[str, Any]]:
@@ -266,7 +305,8 @@ def _assistant(m: AssistantMessage, info: ModelInfo) -> list[dict[str, Any]]:
 
 
 def to_anthropic_messages(
-    messages: Iterable[Message], info: ModelInfo, *, cache: bool = False
+    messages: Iterable[Message], info: ModelInfo, *, cache: bool = False,
+    blobs: Blobs | None = None,
 ) -> list[dict[str, Any]]:
     """Our transcript as Messages API turns: roles alternate, tool results ride in user turns."""
     out: list[dict[str, Any]] = []
@@ -276,11 +316,12 @@ def to_anthropic_messages(
         elif isinstance(m, ToolResultMessage):
             role, blocks = "user", [{
                 "type": "tool_result", "tool_use_id": normalize_id(m.tool_call_id, MAX_ID_LEN),
-                "content": _content(m.content, info) or [{"type": "text", "text": "(no output)"}],
+                "content": (_content(m.content, info, blobs)
+                            or [{"type": "text", "text": "(no output)"}]),
                 "is_error": m.is_error,
             }]
         else:
-            role, blocks = "user", _content(m.content, info)
+            role, blocks = "user", _content(m.content, info, blobs)
         if not blocks:
             continue
         if out and out[-1]["role"] == role:

@@ -7,6 +7,7 @@ No SDK is imported here, so this module loads without the optional extras.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import email.utils
 import hashlib
@@ -23,6 +24,7 @@ import msgspec
 from threadline.ai._messages import (
     AssistantContent,
     AssistantMessage,
+    BlobPart,
     ImagePart,
     StopReason,
     TextPart,
@@ -31,6 +33,8 @@ from threadline.ai._messages import (
     Usage,
 )
 from threadline.ai._model import (
+    BlobRef,
+    BlobUpload,
     DoneEvent,
     ErrorEvent,
     ModelInfo,
@@ -50,6 +54,7 @@ from threadline.ai._model import (
 )
 from threadline.errors import (
     AuthenticationError,
+    BlobNotFound,
     ContextOverflowError,
     ModelError,
     RateLimitError,
@@ -477,6 +482,93 @@ def data_url(image: ImagePart) -> str:
 
 IMAGE_OMITTED = "(image omitted: this model does not accept images)"
 
+# --------------------------------------------------------------------------- blobs
+
+# The image types all three APIs accept inline; anything else (an SVG, say)
+# goes as a file or a note.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """One blob of a request, resolved: its bytes, or where the provider finds it."""
+
+    part: BlobPart
+    data: bytes = b""
+    ref: BlobRef | None = None
+
+    @property
+    def kind(self) -> Literal["image", "pdf", "text", "other"]:
+        media = self.part.media_type.split(";", 1)[0].strip().lower()
+        if media in IMAGE_TYPES:
+            return "image"
+        if media == "application/pdf":
+            return "pdf"
+        if media.startswith("text/") or media in ("application/json", "application/xml"):
+            return "text"
+        return "other"
+
+    @property
+    def name(self) -> str:
+        return self.part.name or f"{self.part.sha256[:12]}.{self.kind}"
+
+    @property
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode("ascii")
+
+    def data_url(self) -> str:
+        return f"data:{self.part.media_type};base64,{self.base64}"
+
+    def text(self) -> str:
+        """A text file's content, for a model that takes it as text."""
+        return f"File {self.name} ({self.part.media_type}):\n" + self.data.decode(
+            "utf-8", "replace")
+
+    def note(self) -> str:
+        """What a model that cannot take this file reads instead."""
+        return (f"(attachment {self.name} omitted: {self.part.media_type}, "
+                f"{self.part.size:,} bytes; this model does not accept this type)")
+
+
+Blobs = Mapping[str, Blob]
+"""A request's resolved blobs, by SHA-256."""
+
+
+def resolved(blobs: Blobs | None, part: BlobPart) -> Blob:
+    """``part`` as ``resolve_blobs`` read it."""
+    blob = (blobs or {}).get(part.sha256)
+    if blob is None:
+        raise BlobNotFound(part.sha256, "the blobs resolved for this request (a transcript "
+                           "converted without resolve_blobs)")
+    return blob
+
+
+async def resolve_blobs(request: Request, upload: BlobUpload | None,
+                        origin: Origin) -> dict[str, Blob]:
+    """Every blob the request's messages reference, read (or handed to ``upload``) once.
+
+    A missing blob raises ``BlobNotFound`` from the reader, which names the
+    session, the entry and the hash; it is never dropped from the request.
+    """
+    parts: dict[str, BlobPart] = {}
+    for m in request.messages:
+        if not isinstance(m, AssistantMessage):
+            for p in m.content:
+                if isinstance(p, BlobPart):
+                    parts.setdefault(p.sha256, p)
+    if not parts:
+        return {}
+    read = request.blobs
+    if read is None:
+        raise BlobNotFound(next(iter(parts)), f"the request to {origin}: the messages "
+                           "reference blobs but the request has no reader (Request.blobs); "
+                           "run it through a durable agent, or pass one")
+    out: dict[str, Blob] = {}
+    for key, part in parts.items():
+        ref = await upload(part, read) if upload is not None else None
+        out[key] = Blob(part, ref=ref) if ref is not None else Blob(part, await read(part))
+    return out
+
 
 class StreamState(Protocol):
     """Per-request parser state: feeds SDK events into a ``Builder``."""
@@ -497,9 +589,10 @@ class SDKModel:
     API = ""
     BACKEND_ERRORS: tuple[type[Exception], ...] = ()
 
-    def __init__(self, info: ModelInfo, client: Any) -> None:
+    def __init__(self, info: ModelInfo, client: Any, upload: BlobUpload | None = None) -> None:
         self._info = info
         self._client = client
+        self._upload = upload
 
     @property
     def info(self) -> ModelInfo:
@@ -515,7 +608,10 @@ class SDKModel:
         options = options or StreamOptions()
         builder = Builder(self._info, self.API, self.origin.base_url)
         state = self._state(builder)
-        body = self.request_body(request, options)
+        # Before StartEvent: a missing blob raises (a stored reference without
+        # its bytes is not a provider failure, and it is not retried).
+        blobs = await resolve_blobs(request, self._upload, self.origin)
+        body = self.request_body(request, options, blobs)
 
         async def open_stream() -> Any:
             return await self._create(body)
@@ -530,7 +626,8 @@ class SDKModel:
         url = getattr(self._client, "base_url", None)
         return Origin(self._info, str(url).rstrip("/") if url is not None else None)
 
-    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+    def request_body(self, request: Request, options: StreamOptions,
+                     blobs: Blobs | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
     async def _create(self, body: dict[str, Any]) -> Any:

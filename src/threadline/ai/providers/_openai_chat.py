@@ -17,6 +17,7 @@ import msgspec
 
 from threadline.ai._messages import (
     AssistantMessage,
+    BlobPart,
     ImagePart,
     Message,
     StopReason,
@@ -25,11 +26,14 @@ from threadline.ai._messages import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    UserContent,
 )
-from threadline.ai._model import ModelInfo, Request, StreamEvent, StreamOptions
+from threadline.ai._model import BlobUpload, ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
     DEFAULT_MAX_RETRIES,
     IMAGE_OMITTED,
+    Blob,
+    Blobs,
     Builder,
     SDKModel,
     classify,
@@ -38,6 +42,7 @@ from threadline.ai.providers._common import (
     error_fields,
     normalize_id,
     other_error,
+    resolved,
     same_model,
     thinking_as_text,
 )
@@ -74,12 +79,13 @@ class OpenAIClientModel(SDKModel):
         max_retries: int = DEFAULT_MAX_RETRIES,
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
+        upload: BlobUpload | None = None,
     ) -> None:
         super().__init__(info, openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=max_retries,
             default_headers=headers,
             timeout=openai.NOT_GIVEN if timeout is None else timeout,
-        ))
+        ), upload)
 
     def _translate(self, exc: Exception) -> ModelError:
         origin = self.origin
@@ -109,12 +115,13 @@ class OpenAIChatModel(OpenAIClientModel):
     def _state(self, builder: Builder) -> _State:
         return _State(builder)
 
-    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+    def request_body(self, request: Request, options: StreamOptions,
+                     blobs: Blobs | None = None) -> dict[str, Any]:
         """The keyword arguments for ``chat.completions.create``."""
         info = self._info
         body: dict[str, Any] = {
             "model": info.id,
-            "messages": to_chat_messages(request.system, request.messages, info),
+            "messages": to_chat_messages(request.system, request.messages, info, blobs),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -236,11 +243,14 @@ def _usage(u: Any) -> Usage:
 # --------------------------------------------------------------------------- transcript
 
 
-def _user_content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> str | list[Any]:
+def _user_content(parts: Iterable[UserContent], info: ModelInfo,
+                  blobs: Blobs | None = None) -> str | list[Any]:
     out: list[dict[str, Any]] = []
     for p in parts:
         if isinstance(p, TextPart):
             out.append({"type": "text", "text": p.text})
+        elif isinstance(p, BlobPart):
+            out.append(_blob(resolved(blobs, p), info))
         elif info.images:
             out.append({"type": "image_url", "image_url": {"url": data_url(p)}})
         else:
@@ -249,6 +259,22 @@ def _user_content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> str
         # Plain strings are what every compatible server accepts.
         return "\n".join(o["text"] for o in out)
     return out
+
+
+def _blob(blob: Blob, info: ModelInfo) -> dict[str, Any]:
+    kind, ref = blob.kind, blob.ref
+    if kind == "image" and not info.images:
+        return {"type": "text", "text": IMAGE_OMITTED}
+    if kind == "image" and (ref is None or ref.url):
+        return {"type": "image_url", "image_url": {
+            "url": ref.url if ref is not None and ref.url else blob.data_url()}}
+    if ref is not None and ref.file_id:
+        return {"type": "file", "file": {"file_id": ref.file_id}}
+    if kind == "pdf" and ref is None:
+        return {"type": "file", "file": {"filename": blob.name, "file_data": blob.data_url()}}
+    if kind == "text" and ref is None:
+        return {"type": "text", "text": blob.text()}
+    return {"type": "text", "text": blob.note()}
 
 
 def _assistant(m: AssistantMessage, info: ModelInfo) -> dict[str, Any] | None:
@@ -280,21 +306,22 @@ def _assistant(m: AssistantMessage, info: ModelInfo) -> dict[str, Any] | None:
 
 
 def to_chat_messages(
-    system: str | None, messages: Iterable[Message], info: ModelInfo
+    system: str | None, messages: Iterable[Message], info: ModelInfo,
+    blobs: Blobs | None = None,
 ) -> list[dict[str, Any]]:
     """Our transcript as Chat Completions messages."""
     out: list[dict[str, Any]] = []
     if system:
         role = "developer" if info.provider == "openai" and info.reasoning else "system"
         out.append({"role": role, "content": system})
-    pending_images: list[ImagePart] = []
+    pending_images: list[ImagePart | BlobPart] = []
     for m in messages:
         if not isinstance(m, ToolResultMessage) and pending_images:
-            out.append(_tool_images(pending_images, info))
+            out.append(_tool_images(pending_images, info, blobs))
             pending_images = []
         if isinstance(m, ToolResultMessage):
             text = "\n".join(p.text for p in m.content if isinstance(p, TextPart))
-            images = [p for p in m.content if isinstance(p, ImagePart)]
+            images = [p for p in m.content if isinstance(p, ImagePart | BlobPart)]
             if images:
                 text = text or "(see the attached image)"
                 pending_images.extend(images)
@@ -305,13 +332,14 @@ def to_chat_messages(
             if converted is not None:
                 out.append(converted)
         else:
-            out.append({"role": "user", "content": _user_content(m.content, info)})
+            out.append({"role": "user", "content": _user_content(m.content, info, blobs)})
     if pending_images:
-        out.append(_tool_images(pending_images, info))
+        out.append(_tool_images(pending_images, info, blobs))
     return out
 
 
-def _tool_images(images: list[ImagePart], info: ModelInfo) -> dict[str, Any]:
+def _tool_images(images: list[ImagePart | BlobPart], info: ModelInfo,
+                 blobs: Blobs | None) -> dict[str, Any]:
     # Tool messages carry text only, so images a tool returned follow in a user message.
-    parts: list[TextPart | ImagePart] = [TextPart(text="Images returned by the tool calls above:")]
-    return {"role": "user", "content": _user_content([*parts, *images], info)}
+    parts: list[UserContent] = [TextPart(text="Images returned by the tool calls above:")]
+    return {"role": "user", "content": _user_content([*parts, *images], info, blobs)}

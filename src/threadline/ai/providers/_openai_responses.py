@@ -17,6 +17,7 @@ import msgspec
 
 from threadline.ai._messages import (
     AssistantMessage,
+    BlobPart,
     ImagePart,
     Message,
     TextPart,
@@ -24,14 +25,18 @@ from threadline.ai._messages import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    UserContent,
 )
 from threadline.ai._model import ModelInfo, Request, StreamEvent, StreamOptions
 from threadline.ai.providers._common import (
     IMAGE_OMITTED,
+    Blob,
+    Blobs,
     Builder,
     classify,
     data_url,
     normalize_id,
+    resolved,
     same_model,
     thinking_as_text,
 )
@@ -55,12 +60,13 @@ class OpenAIResponsesModel(OpenAIClientModel):
     def _state(self, builder: Builder) -> _State:
         return _State(builder)
 
-    def request_body(self, request: Request, options: StreamOptions) -> dict[str, Any]:
+    def request_body(self, request: Request, options: StreamOptions,
+                     blobs: Blobs | None = None) -> dict[str, Any]:
         """The keyword arguments for ``responses.create``."""
         info = self._info
         body: dict[str, Any] = {
             "model": info.id,
-            "input": to_response_input(request.messages, info),
+            "input": to_response_input(request.messages, info, blobs),
             "stream": True,
             "store": False,
         }
@@ -204,16 +210,39 @@ def _usage(u: Any) -> Usage:
 # --------------------------------------------------------------------------- transcript
 
 
-def _input_content(parts: Iterable[TextPart | ImagePart], info: ModelInfo) -> list[Any]:
+def _input_content(parts: Iterable[UserContent], info: ModelInfo,
+                   blobs: Blobs | None = None) -> list[Any]:
     out: list[dict[str, Any]] = []
     for p in parts:
         if isinstance(p, TextPart):
             out.append({"type": "input_text", "text": p.text})
+        elif isinstance(p, BlobPart):
+            out.append(_blob(resolved(blobs, p), info))
         elif info.images:
             out.append({"type": "input_image", "image_url": data_url(p), "detail": "auto"})
         else:
             out.append({"type": "input_text", "text": IMAGE_OMITTED})
     return out
+
+
+def _blob(blob: Blob, info: ModelInfo) -> dict[str, Any]:
+    kind, ref = blob.kind, blob.ref
+    if kind == "image":
+        if not info.images:
+            return {"type": "input_text", "text": IMAGE_OMITTED}
+        if ref is not None and ref.file_id:
+            return {"type": "input_image", "file_id": ref.file_id, "detail": "auto"}
+        url = ref.url if ref is not None and ref.url else blob.data_url()
+        return {"type": "input_image", "image_url": url, "detail": "auto"}
+    if ref is not None and ref.file_id:
+        return {"type": "input_file", "file_id": ref.file_id}
+    if ref is not None and ref.url:
+        return {"type": "input_file", "file_url": ref.url}
+    if kind == "pdf":
+        return {"type": "input_file", "filename": blob.name, "file_data": blob.data_url()}
+    if kind == "text":
+        return {"type": "input_text", "text": blob.text()}
+    return {"type": "input_text", "text": blob.note()}
 
 
 def _assistant_items(m: AssistantMessage, info: ModelInfo) -> list[dict[str, Any]]:
@@ -256,7 +285,8 @@ def _assistant_items(m: AssistantMessage, info: ModelInfo) -> list[dict[str, Any
     return items
 
 
-def to_response_input(messages: Iterable[Message], info: ModelInfo) -> list[dict[str, Any]]:
+def to_response_input(messages: Iterable[Message], info: ModelInfo,
+                      blobs: Blobs | None = None) -> list[dict[str, Any]]:
     """Our transcript as Responses API input items."""
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -264,13 +294,13 @@ def to_response_input(messages: Iterable[Message], info: ModelInfo) -> list[dict
             out.extend(_assistant_items(m, info))
         elif isinstance(m, ToolResultMessage):
             output: str | list[Any]
-            if any(isinstance(p, ImagePart) for p in m.content):
-                output = _input_content(m.content, info)
+            if any(isinstance(p, ImagePart | BlobPart) for p in m.content):
+                output = _input_content(m.content, info, blobs)
             else:
                 output = "\n".join(p.text for p in m.content if isinstance(p, TextPart))
             out.append({"type": "function_call_output",
                         "call_id": normalize_id(m.tool_call_id, MAX_ID_LEN),
                         "output": output or "(no output)"})
         else:
-            out.append({"role": "user", "content": _input_content(m.content, info)})
+            out.append({"role": "user", "content": _input_content(m.content, info, blobs)})
     return out

@@ -1,9 +1,10 @@
-"""OpenAI Agents SDK ``SQLiteSession`` databases as threadline sessions (S30).
+"""OpenAI Agents SDK ``SQLiteSession`` databases as threadline sessions.
 
 The SDK keeps one row per session in ``agent_sessions`` and one JSON item
 per row in ``agent_messages``, in ``id`` order. Items are a linear history,
 so they become one chain. User messages, assistant output text, function
-calls and their outputs map onto threadline messages; every other item
+calls and their outputs map onto threadline messages (an image given
+inline as a data URL too); every other item
 (system or developer instructions, reasoning, hosted-tool calls, ...) is
 kept raw in its place.
 """
@@ -18,6 +19,7 @@ import msgspec
 
 from threadline.ai._messages import (
     AssistantMessage,
+    ImagePart,
     Message,
     TextPart,
     ToolCall,
@@ -54,11 +56,27 @@ def _text_parts(content: Any, kind: str, found: Collector,
     out: list[UserContent] = []
     found.drop({f"{field}.form": "list"}, set(), "")
     for i, part in enumerate(content):
+        image = _data_image(part) if kind == "input_text" else None
+        if image is not None:
+            found.drop(part, {"type", "image_url"}, f"{field}.{i}.")
+            out.append(image)
+            continue
         if part.get("type") != kind:
             raise _Unmapped
         found.drop(part, {"type", "text"}, f"{field}.{i}.")
         out.append(TextPart(text=part["text"]))
     return tuple(out)
+
+
+def _data_image(part: dict[str, Any]) -> ImagePart | None:
+    """An ``input_image`` given inline as a base64 data URL (a URL or file id stays raw)."""
+    url = part.get("image_url")
+    if part.get("type") != "input_image" or not isinstance(url, str):
+        return None
+    head, sep, data = url.partition(",")
+    if not (sep and head.startswith("data:") and head.endswith(";base64")):
+        return None
+    return ImagePart(data=data, mime_type=head[5:-7] or "application/octet-stream")
 
 
 def _item(item: dict[str, Any], names: dict[str, str], found: Collector) -> Message:

@@ -1,4 +1,4 @@
-"""Claude Code transcripts (``~/.claude/projects/<dir>/<session>.jsonl``) (S30).
+"""Claude Code transcripts (``~/.claude/projects/<dir>/<session>.jsonl``).
 
 Each line is one record: ``user`` and ``assistant`` lines carry an Anthropic
 Messages API message and link by ``uuid``/``parentUuid``; sidechains (a
@@ -35,7 +35,13 @@ from threadline.ai._messages import (
     UserContent,
     UserMessage,
 )
-from threadline.integrations.importers._common import Imported, Lines, entry_id, parse_time
+from threadline.integrations.importers._common import (
+    Imported,
+    Lines,
+    entry_id,
+    not_the_format,
+    parse_time,
+)
 from threadline.session._entries import CompactionEntry, Entry, MessageEntry, SessionRecord
 
 __all__ = ["import_claude_code"]
@@ -118,6 +124,10 @@ class _Reader:
         ts = parse_time(obj["timestamp"], where=self.lines.name, line=lineno) \
             if "timestamp" in obj else None
         uid = obj.get("uuid")
+        if not isinstance(uid, str) and obj.get("type") in ("user", "assistant"):
+            # A message has a place in the tree only by its uuid; kept raw it
+            # would drop out of the model's context unnoticed.
+            raise self.lines.fail(lineno, f"{obj.get('type')!r} line has no string 'uuid'")
         if not isinstance(uid, str):
             # No place in the tree: kept after whatever came before it.
             tid = entry_id(FMT, self.sid, f"line-{lineno}")
@@ -236,10 +246,16 @@ def import_claude_code(data: bytes, name: str) -> list[Imported]:
     The session id is the transcript's ``sessionId`` (the file name's stem
     when no line carries one).
     """
+    other = not_the_format(name, data, "claude-code")
+    if other is not None:
+        raise other
     lines = Lines("claude_code", data, name)
     rows = list(lines)
     if not rows:
         raise lines.fail(1, "the file holds no transcript lines")
+    if not any(isinstance(o.get("uuid"), str) for _, _, o in rows):
+        raise lines.fail(rows[0][0], "no line has a 'uuid', so this is no Claude Code "
+                                     "transcript")
     sid = next((o["sessionId"] for _, _, o in rows if isinstance(o.get("sessionId"), str)),
                PurePath(name).stem)
     # A leading summary line has no time of its own: it gets the transcript's first.

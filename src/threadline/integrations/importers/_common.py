@@ -1,4 +1,4 @@
-"""What every importer shares: the result type, source-derived ids, line reading (S30).
+"""What every importer shares: the result type, source-derived ids, line reading.
 
 Re-importing is safe because nothing an importer writes depends on when or
 where it runs: session ids are the source's own, entry ids are name-based
@@ -20,7 +20,7 @@ import msgspec
 from threadline.errors import CorruptLog
 from threadline.session._entries import CustomEntry, Entry, SessionRecord
 
-__all__ = ["Collector", "Imported", "Lines", "entry_id", "parse_time"]
+__all__ = ["Collector", "Imported", "Lines", "detect", "entry_id", "parse_time"]
 
 _NAMESPACE = uuid.UUID("5b0f3c1e-7d2a-4c55-9e61-0a8f2d4b7c39")
 
@@ -38,6 +38,9 @@ class Imported(NamedTuple):
     their values are in the ``<format>.extra`` entry after that entry."""
     notes: tuple[str, ...] = ()
     """Things the reader should know, such as a torn last line left out."""
+    blobs: dict[str, bytes] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    """Blob bytes by SHA-256 that came with the sessions (a bundle, or an export
+    with its blobs inline), to be stored before the entries that reference them."""
 
 
 def entry_id(fmt: str, session_id: str, source_id: str) -> str:
@@ -150,3 +153,47 @@ class Lines(Collector):
             if not isinstance(obj, dict):
                 raise self.fail(lineno, f"expected a JSON object, got {type(obj).__name__}")
             yield lineno, line, obj
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def detect(head: bytes) -> str | None:
+    """The format a file's first bytes show: ``threadline``, ``pi``, ``claude-code``,
+    ``openai-agents-sqlite``, or None when they show none of them.
+
+    Each is told by what only it writes: threadline's ``session_init`` line, pi's
+    ``session`` header, the ``sessionId`` or ``uuid``/``parentUuid`` Claude Code
+    puts on its lines, SQLite's file header.
+    """
+    if head.startswith(SQLITE_MAGIC):
+        return "openai-agents-sqlite"
+    for n, line in enumerate(head.split(b"\n")[:50]):
+        if not line.strip():
+            continue
+        try:
+            obj = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        if n == 0 and obj.get("type") == "session_init":
+            return "threadline"
+        if n == 0 and obj.get("type") == "session" and isinstance(obj.get("id"), str):
+            return "pi"
+        if isinstance(obj.get("sessionId"), str) or ("uuid" in obj and "parentUuid" in obj):
+            return "claude-code"
+    return None
+
+
+_NAMES = {"threadline": "a threadline export", "pi": "a pi session file",
+          "claude-code": "a Claude Code transcript",
+          "openai-agents-sqlite": "an Agents SDK SQLite database"}
+
+
+def not_the_format(name: str, data: bytes, expected: str) -> CorruptLog | None:
+    """An error for a file that reads as another known format than ``expected``."""
+    found = detect(data[:1 << 16])
+    if found is None or found == expected:
+        return None
+    return CorruptLog(f"this is {_NAMES[found]}, not {_NAMES[expected]}", path=name)

@@ -1,4 +1,4 @@
-"""pi coding-agent session files (versions 1 to 3) as threadline sessions (S30).
+"""pi coding-agent session files (versions 1 to 3) as threadline sessions.
 
 A pi file is a ``session`` header line, then entries linked by
 ``id``/``parentId`` (version 1 has no links: each entry follows the previous
@@ -28,7 +28,13 @@ from threadline.ai._messages import (
     UserContent,
     UserMessage,
 )
-from threadline.integrations.importers._common import Imported, Lines, entry_id, parse_time
+from threadline.integrations.importers._common import (
+    Imported,
+    Lines,
+    entry_id,
+    not_the_format,
+    parse_time,
+)
 from threadline.session._entries import (
     BranchSummaryEntry,
     CompactionEntry,
@@ -219,6 +225,9 @@ class _Reader:
 
 def import_pi(data: bytes, name: str) -> list[Imported]:
     """Read one pi session file (its bytes; ``name`` is used in errors)."""
+    other = not_the_format(name, data, "pi")
+    if other is not None:
+        raise other
     lines = Lines("pi", data, name)
     rows = iter(lines)
     first = next(rows, None)

@@ -1,51 +1,52 @@
 """The OpenAI Agents SDK's ``Session`` protocol over any threadline store.
 
-Each SDK item is stored as a custom entry holding the item's JSON exactly as
-added (so ``get_items`` gives back equal items, whatever their type). An item
-that has a meaning in threadline's message model (user and assistant text,
-function calls and their outputs) is followed by a message entry saying the
-same, which ``threadline show``, ``export`` and the viewer display; the model
-context built by threadline sees the messages, never the raw items.
+Items are kept as ``_items`` says: as threadline messages where they are
+messages (so ``threadline show``, ``export`` and the viewer display the
+conversation), whole otherwise, each coming back equal to what was added.
 
 The log stays append-only. ``pop_item`` and ``clear_session`` are durable
-branches (S31): the popped items stay in the log, off the active path. Items
-are appended with ``append_linear`` (S32), so every writer's items land on one
+branches: the popped items stay in the log, off the active path. Items
+are appended with ``append_linear``, so every writer's items land on one
 path, and every read first takes in what other writers appended. The session
-is opened without crash repair: the SDK pairs its own tool calls and outputs,
+keeps the items of its active path in memory and follows the log by what is
+new, so a call costs what it adds or reads, not the history. The session is
+opened without crash repair: the SDK pairs its own tool calls and outputs,
 and a result the SDK did not add must never appear in its history.
+
+Store work runs on threadline's own event loop (``_loop``), whichever loop
+or thread the SDK calls from.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+import asyncio
+import collections.abc
+import weakref
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from threadline import durable
-from threadline.ai import (
-    AssistantMessage,
-    Message,
-    TextPart,
-    ToolCall,
-    ToolResultMessage,
-    UserMessage,
-)
+from threadline.ai import AssistantMessage
 from threadline.durable import DurableAgent
 from threadline.errors import AgentError, StoreError
-from threadline.session import (
-    CustomEntry,
-    Entry,
-    LinearStore,
-    MessageEntry,
-    Store,
-    register_custom,
+from threadline.integrations.openai_agents._items import (
+    ITEM_KIND,
+    Read,
+    entries_for,
+    read_items,
 )
-from threadline.stores import open_store
+from threadline.integrations.openai_agents._loop import in_home, on_home, run_at_home
+from threadline.session import Entry, MessageEntry
+from threadline.stores import LinearStore, Store, open_store
 
 try:
-    from agents.memory.session_settings import SessionSettings, resolve_session_limit
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "threadline.integrations.openai_agents needs the OpenAI Agents SDK: "
@@ -57,15 +58,72 @@ if TYPE_CHECKING:
 
 __all__ = ["ITEM_KIND", "ThreadlineSession"]
 
-ITEM_KIND = "openai_agents.item"
-"""The custom entry kind that holds one SDK item."""
+
+class _Path:
+    """The items on the active path as of ``leaf``, and the tool names its calls gave.
+
+    Only the home loop's thread reads or changes it.
+    """
+
+    __slots__ = ("items", "leaf", "size", "tool_names")
+
+    def __init__(self) -> None:
+        self.items: list[Read] = []
+        self.tool_names: dict[str, str] = {}
+        self.leaf: str | None = None
+        self.size = -1  # entries in the agent's tree when ``leaf`` was taken in; -1: none yet
+
+    def follow(self, agent: DurableAgent) -> None:
+        """Take in what the agent's active path gained since ``leaf``: only what is
+        new when the path grew on from there, else the whole path again."""
+        tree = agent.tree
+        size, leaf = len(tree), tree.leaf_id
+        if self.size >= 0 and leaf == self.leaf:
+            self.size = size  # entries on other branches change nothing here
+            return
+        grown: list[Entry] = []
+        entry = tree.leaf
+        # A path that grew from ``leaf`` meets it within the entries added since.
+        while self.size >= 0 and entry is not None and entry.id != self.leaf \
+                and len(grown) < size - self.size:
+            grown.append(entry)
+            entry = tree.get(entry.parent_id) if entry.parent_id is not None else None
+        if self.size < 0 or (entry.id if entry is not None else None) != self.leaf:
+            self.items, self.tool_names = [], {}
+            grown = agent.path()  # moved elsewhere (a pop, another writer's branch)
+        else:
+            grown.reverse()
+        self.items += read_items(grown)
+        for added in grown:
+            if isinstance(added, MessageEntry) and isinstance(added.message, AssistantMessage):
+                self.tool_names.update((c.id, c.name) for c in added.message.tool_calls)
+        self.leaf, self.size = leaf, size
 
 
-class _Item(msgspec.Struct, frozen=True):
-    item: dict[str, Any]
+class _Closing(collections.abc.Coroutine[Any, Any, None]):
+    """What ``close()`` returns: the close is under way, and awaiting this waits for it."""
 
+    def __init__(self, done: Any) -> None:
+        self._done = done
+        self._steps: Generator[Any, None, None] | None = None
 
-register_custom(ITEM_KIND, _Item)
+    def __await__(self) -> Generator[Any, None, None]:
+        if self._done is not None:
+            yield from asyncio.wrap_future(self._done).__await__()
+
+    def _gen(self) -> Generator[Any, None, None]:
+        if self._steps is None:
+            self._steps = self.__await__()
+        return self._steps
+
+    def send(self, value: Any) -> Any:
+        return self._gen().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._gen().throw(*args)
+
+    def close(self) -> None:
+        self._gen().close()
 
 
 class ThreadlineSession:
@@ -76,93 +134,119 @@ class ThreadlineSession:
     same session (tree, branches, fork, compaction, export).
     """
 
+    session_settings: SessionSettings | None
+
     def __init__(
         self,
         session_id: str,
         store: Store,
         *,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         self.session_id = session_id
-        self.session_settings = session_settings
+        # As the SDK's own sessions: a dict is checked and made SessionSettings
+        # (an unknown field is a TypeError), and None means the defaults.
+        self.session_settings = (coerce_session_settings(session_settings)
+                                 if session_settings is not None else SessionSettings())
         self._store = store
         self._owns_store = False
         self._closed = False
         self._agent: DurableAgent | None = None
-        self._guard = threading.Lock()
+        self._path = _Path()
 
     @classmethod
     def from_url(
-        cls, session_id: str, url: str, *, session_settings: SessionSettings | None = None,
+        cls, session_id: str, url: str, *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> ThreadlineSession:
         """A session in the store ``url`` names (see ``stores.open_store``);
         ``close()`` closes that store."""
-        session = cls(session_id, open_store(url), session_settings=session_settings)
+        store = open_store(url)
+        session = cls(session_id, store, session_settings=session_settings)
         session._owns_store = True
+        # A session dropped unclosed still closes its store, on the loop that used it.
+        weakref.finalize(session, _close_later, store)
         return session
 
     async def agent(self) -> DurableAgent:
         """The durable agent over this session (opened on first use, no repair)."""
+        return await run_at_home(self._opened())
+
+    async def _opened(self) -> DurableAgent:
         if self._closed:
             raise StoreError(f"session {self.session_id!r}: the ThreadlineSession is closed",
                              session_id=self.session_id)
-        agent = self._agent
-        if agent is None:
+        if self._agent is None:
             opened = await durable.open(None, store=self._store, session_id=self.session_id,
                                         repair=False)
-            with self._guard:  # two threads may open at once: keep one agent
-                if self._agent is None:
-                    self._agent = opened
-                agent = self._agent
-        return agent
+            if self._agent is None:  # two callers may open at once: keep one agent
+                self._agent = opened
+        return self._agent
+
+    async def _refreshed(self) -> tuple[DurableAgent, _Path]:
+        agent = await self._opened()
+        await agent.refresh()
+        self._path.follow(agent)
+        return agent, self._path
 
     # -- the Session protocol ----------------------------------------------------
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The items on the active path, oldest first; ``limit`` keeps the latest ones."""
-        agent = await self.agent()
-        await agent.refresh()
-        items = [entry.data.item for entry in _item_entries(agent.path())]
+        return await run_at_home(self._get_items(limit))
+
+    async def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
+        _, path = await self._refreshed()
         n = resolve_session_limit(limit, self.session_settings)
+        reads = path.items
         if n is not None and n >= 0:  # a negative limit means no limit, as in SQLiteSession
-            items = items[-n:] if n else []
-        return [_copy(item) for item in items]
+            reads = reads[max(0, len(reads) - n):] if n else []
+        # The caller owns what it is given: mutating it must not change the history.
+        return [_copy(r.item) for r in reads]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` after the last item any writer added, in one write."""
-        agent = await self.agent()
-        if not items:
-            return
-        names = _tool_names(agent.path())
+        await run_at_home(self._add(items))
+
+    def _entries(self, items: Sequence[Any]) -> list[Entry]:
+        names = dict(self._path.tool_names)
         entries: list[Entry] = []
         for n, item in enumerate(items):
             try:
-                stored = msgspec.json.decode(msgspec.json.encode(item))
+                kept = msgspec.json.decode(msgspec.json.encode(item))
             except (msgspec.EncodeError, TypeError) as exc:
                 raise AgentError(
                     f"session {self.session_id!r}: item {n} of add_items is not JSON "
                     f"({type(item).__name__}: {exc}); nothing was added") from exc
-            if not isinstance(stored, dict):
+            if not isinstance(kept, dict):
                 raise AgentError(f"session {self.session_id!r}: item {n} of add_items is a "
                                  f"{type(item).__name__}, not an item; nothing was added")
-            entries.append(CustomEntry(kind=ITEM_KIND, data=_Item(stored)))
-            message = to_message(stored, names)
-            if message is not None:
-                entries.append(MessageEntry(message=message))
+            entries += entries_for(kept, names)
+        return entries
+
+    async def _add(self, items: Sequence[Any]) -> None:
+        agent = await self._opened()
+        entries = self._entries(items)
+        if not entries:
+            return
         if isinstance(agent.store, LinearStore):
             await agent.append_linear(*entries)
         else:
             await agent.append(*entries)
+        self._path.follow(agent)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        """Take the latest item off the active path; it stays in the log (S31)."""
-        agent = await self.agent()
-        await agent.refresh()
-        last = next(reversed(_item_entries(agent.path())), None)
-        if last is None:
+        """Take the latest item off the active path; it stays in the log."""
+        return await run_at_home(self._pop())
+
+    async def _pop(self) -> TResponseInputItem | None:
+        agent, path = await self._refreshed()
+        if not path.items:
             return None
-        await agent.branch_to(last.parent_id)
-        popped: TResponseInputItem = _copy(last.data.item)
+        last = path.items[-1]
+        await agent.branch_to(last.first.parent_id)
+        path.follow(agent)
+        popped: TResponseInputItem = _copy(last.item)
         return popped
 
     async def clear_session(self) -> None:
@@ -170,88 +254,44 @@ class ThreadlineSession:
 
         To erase the session for real, use the store's ``delete_session``.
         """
-        agent = await self.agent()
-        await agent.refresh()
-        if _item_entries(agent.path()):
+        await run_at_home(self._clear())
+
+    async def _clear(self) -> None:
+        agent, path = await self._refreshed()
+        if path.items:
             await agent.branch_to(None)
+            path.follow(agent)
 
-    async def close(self) -> None:
-        """Close the store if this session opened it (``from_url``); else nothing."""
-        if not self._owns_store or self._closed:
-            return
+    def close(self) -> _Closing:
+        """Close the store if this session opened it (``from_url``); else nothing.
+
+        Works called plainly, as the SDK's own sessions are closed
+        (``session.close()`` returns once the store is closed), and awaited
+        (``await session.close()``) in async code, which then does not block its
+        loop. Either way the session refuses every later call.
+        """
+        if self._closed:
+            return _Closing(None)
         self._closed = True
-        closer = getattr(self._store, "close", None)
-        if closer is not None:
-            await closer()
+        closer = getattr(self._store, "close", None) if self._owns_store else None
+        if closer is None:
+            return _Closing(None)
+        done = on_home(closer())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            done.result()  # no loop here: close before returning, like SQLiteSession
+            return _Closing(None)
+        if in_home():
+            return _Closing(None)  # pragma: no cover - no caller runs on the home loop
+        return _Closing(done)
 
 
-def _item_entries(path: Sequence[Entry]) -> list[CustomEntry[_Item]]:
-    return [e for e in path
-            if isinstance(e, CustomEntry) and e.kind == ITEM_KIND and isinstance(e.data, _Item)]
+def _close_later(store: Store) -> None:
+    closer = getattr(store, "close", None)
+    if closer is not None:
+        on_home(closer())
 
 
 def _copy(item: dict[str, Any]) -> Any:
-    # The caller owns what it is given: mutating it must not change the history.
     return msgspec.json.decode(msgspec.json.encode(item))
-
-
-def _tool_names(path: Sequence[Entry]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for entry in path:
-        if isinstance(entry, MessageEntry) and isinstance(entry.message, AssistantMessage):
-            names.update((call.id, call.name) for call in entry.message.tool_calls)
-    return names
-
-
-def to_message(item: dict[str, Any], tool_names: dict[str, str]) -> Message | None:
-    """The threadline message ``item`` reads as, or None for an item type with none.
-
-    ``tool_names`` maps call ids to tool names; a function call adds to it.
-    """
-    kind = item.get("type", "message")
-    role = item.get("role")
-    if kind == "message" and role == "user":
-        text = _text(item.get("content"))
-        return UserMessage.of(text) if text is not None else None
-    if kind == "message" and role == "assistant":
-        text = _text(item.get("content"))
-        return AssistantMessage(content=(TextPart(text=text),)) if text is not None else None
-    if kind == "function_call":
-        call_id, name = item.get("call_id"), item.get("name")
-        if not isinstance(call_id, str) or not isinstance(name, str):
-            return None
-        tool_names[call_id] = name
-        return AssistantMessage(content=(ToolCall(id=call_id, name=name,
-                                                  arguments=_arguments(item.get("arguments"))),),
-                                stop_reason="tool_use")
-    if kind == "function_call_output":
-        call_id = item.get("call_id")
-        text = _text(item.get("output"))
-        if not isinstance(call_id, str) or text is None:
-            return None
-        return ToolResultMessage(tool_call_id=call_id, tool_name=tool_names.get(call_id, ""),
-                                 content=(TextPart(text=text),))
-    return None
-
-
-def _text(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") if p.get("type") != "refusal" else p.get("refusal")
-                 for p in content if isinstance(p, dict)]
-        texts = [p for p in parts if isinstance(p, str)]
-        return "".join(texts) if texts else None
-    return None
-
-
-def _arguments(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, str):
-        try:
-            parsed = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return {"_raw": raw}
-        return parsed if isinstance(parsed, dict) else {"_value": parsed}
-    return {}

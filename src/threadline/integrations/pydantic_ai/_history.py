@@ -29,7 +29,8 @@ from threadline.ai import (
 )
 from threadline.durable import DurableAgent
 from threadline.errors import AgentError
-from threadline.session import CustomEntry, Entry, MessageEntry, Store, register_custom
+from threadline.session import CustomEntry, Entry, MessageEntry, register_custom
+from threadline.stores import Store
 
 try:
     from pydantic_ai import messages as pm
@@ -91,7 +92,7 @@ class PydanticAIHistory:
 
     async def rewind(self, keep: int) -> None:
         """Keep the first ``keep`` messages on the active path; the rest stay in the
-        log on the branch left behind (a durable branch, S31)."""
+        log on the branch left behind (a durable branch)."""
         stored = self._stored()
         if not 0 <= keep <= len(stored):
             raise AgentError(f"session {self.session_id!r} has {len(stored)} pydantic-ai "
@@ -100,7 +101,7 @@ class PydanticAIHistory:
             await self.agent.branch_to(stored[keep].parent_id)
 
     async def fork(self, session_id: str | None = None) -> PydanticAIHistory:
-        """A child session with a copy of this history (S10)."""
+        """A child session with a copy of this history."""
         return PydanticAIHistory(await self.agent.fork(session_id))
 
     def _stored(self) -> list[CustomEntry[_Stored]]:
