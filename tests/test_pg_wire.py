@@ -6,6 +6,8 @@ waits, so psycopg's own operations on the connection never meet it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -229,6 +231,11 @@ async def test_s47_an_append_larger_than_the_socket_buffer_waits_to_send(
     store: PostgresStore, wires: Wires
 ) -> None:
     ids = await _chain(store, "s", 2)
+    # The store's one connection gets a small send buffer: on loopback with the
+    # server reading as fast as it comes, the default one can take it all at once.
+    async with store.pool.connection() as conn:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 << 10)
     big, parent = [], ids[-1]
     for n in range(8):  # 16 MB in one statement: libpq's flush must wait for room
         big.append(_entry(f"{n}" * (2 << 20), parent))

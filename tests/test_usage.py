@@ -101,6 +101,31 @@ async def test_s66_fork_tree_totals_equal_what_the_providers_sent(store_spec: St
         await close(store)
 
 
+async def test_s66_a_generated_titles_call_is_counted() -> None:
+    """The title call's provider-reported usage is stored as a record, and
+    counted once: by the session, not again by a fork of it."""
+    store = MemoryStore()
+    async with WireServer() as srv:
+        chat = OpenAIChatModel(ModelInfo(provider="openai", id="gpt-chat"), api_key="k",
+                               base_url=srv.url + "/v1", max_retries=0)
+        titler = OpenAIChatModel(ModelInfo(provider="openai", id="gpt-title"), api_key="k",
+                                 base_url=srv.url + "/v1", max_retries=0)
+        replies = [openai_text("hello", 40, 5, 0), openai_text("A greeting", 90, 4, 30)]
+        srv.reply(*(r for r, _ in replies))
+        agent = await durable.open(durable.model(chat), store=store, session_id="t",
+                                   title=durable.GeneratedTitle(titler))
+        await agent.run("hi").collect()
+        await chat.aclose()
+        await titler.aclose()
+    assert agent.metadata.title == "A greeting"
+    report = await usage(store, "t")
+    assert report.total.total_tokens == sum(n for _, n in replies)
+    [record] = [i for i in report.items if i.source == "record"]
+    assert (record.model, record.usage.output_tokens) == ("gpt-title", 4)
+    await agent.fork("t2")
+    assert (await usage(store, "t", scope="with_forks")).total == report.total
+
+
 async def scripted_session(store: MemoryStore, session_id: str, *counts: int) -> Any:
     turns = [Turn.text(f"r{n}", usage=Usage(input_tokens=n, output_tokens=1)) for n in counts]
     agent = await durable.open(durable.model(ScriptedModel(turns)), store=store,

@@ -51,7 +51,7 @@ from threadline.durable._live import (
     StopReason,
     StopRequest,
 )
-from threadline.durable._metadata import GeneratedTitle, TitleGenerator
+from threadline.durable._metadata import GeneratedTitle, TitleGenerator, TitleReply
 from threadline.durable._repair import orphaned_results
 from threadline.durable._runs import LiveRun, LiveRuns, Snapshot
 from threadline.durable._usage import (
@@ -111,6 +111,7 @@ __all__ = [
     "StopRequest",
     "StoredMessageEnd",
     "TitleGenerator",
+    "TitleReply",
     "TokenEstimate",
     "ToolCallInDoubt",
     "ToolPlan",

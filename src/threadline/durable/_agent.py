@@ -755,8 +755,8 @@ class DurableAgent:
                 if self._title is not None and not resume:
                     titled = await title_after_first_exchange(
                         self._session_id, self.metadata, self.messages(), self._title)
-                    if titled is not None:
-                        await self._append([titled])
+                    if titled:
+                        await self._append(titled)
             finally:
                 self._run_task = self._run_owner = None
 
